@@ -1,0 +1,124 @@
+"""Speech encoder-decoder: Fbank → normalization → conv front-end → Conformer → CTC / attention heads.
+
+The graph is assembled from SpeechBrain lobes passed in by the yaml (see
+``recipes/hparams/model/conformer.yaml``); this class only fixes how they connect and
+the names under which their weights are saved. Those names are a contract shared by
+pretraining and finetuning (weights move between them by name):
+
+=====================  ============================================================
+``compute_features``   ``speechbrain.lobes.features.Fbank`` (no weights)
+``normalize``          ``speechbrain.processing.features.InputNormalization``: its
+                       global mean/std are *not* in ``state_dict()``; list it in the
+                       checkpointer on its own.
+``augment``            optional feature augmentation (SpecAugment), training only
+``frontend``           ``speechbrain.lobes.models.convolution.ConvolutionFrontEnd``
+``transformer``        ``speechbrain.lobes.models.transformer.TransformerASR``:
+                       ``transformer.custom_src_module`` (input projection),
+                       ``transformer.encoder`` (Conformer), ``transformer.custom_tgt_module``
+                       (token embedding), ``transformer.decoder`` (Transformer decoder)
+``ctc_lin``            ``speechbrain.nnet.linear.Linear``: encoder states → CTC logits
+``seq_lin``            ``speechbrain.nnet.linear.Linear``: decoder states → token logits
+=====================  ============================================================
+"""
+
+import logging
+from typing import NamedTuple, Optional
+
+import torch
+
+logger = logging.getLogger(__name__)
+
+PAD_INDEX = 0  # tokenizer contract: 0 is <blank>, the CTC blank and the padding index
+
+
+class EncoderDecoderOutput(NamedTuple):
+    """What one forward pass returns; lengths stay relative (the front-end keeps ratios)."""
+
+    ctc_log_probs: torch.Tensor  # [batch, frames, vocab]
+    seq_log_probs: torch.Tensor  # [batch, target_len, vocab]
+    enc_states: torch.Tensor  # [batch, frames, d_model]
+
+
+class SpeechEncoderDecoder(torch.nn.Module):
+    """Joint CTC / attention speech model built from SpeechBrain lobes.
+
+    Arguments
+    ---------
+    compute_features : torch.nn.Module
+        Waveform [batch, samples] (16 kHz) → features [batch, frames, n_mels].
+    normalize : torch.nn.Module
+        ``InputNormalization``; called with relative lengths and the epoch.
+    frontend : torch.nn.Module
+        Convolutional front-end, features → [batch, frames / stride, channels, n_mels / stride].
+    transformer : TransformerASR
+        Encoder, decoder, projections and token embedding.
+    ctc_lin, seq_lin : torch.nn.Module
+        Output heads producing logits over the vocabulary.
+    augment : torch.nn.Module, optional
+        Feature augmentation ``(feats, rel_lens) -> (feats, rel_lens)`` applied in training
+        mode only; it must keep the batch size (no ``concat_original``).
+
+    Example
+    -------
+    >>> from hyperpyyaml import load_hyperpyyaml
+    >>> graph = load_hyperpyyaml(open("recipes/hparams/model/conformer.yaml"),
+    ...                          {"vocab_size": 20, "d_model": 32, "d_ffn": 64})  # doctest: +SKIP
+    >>> out = graph["model"](wavs, wav_lens, tokens_bos)  # doctest: +SKIP
+    """
+
+    def __init__(self, compute_features, normalize, frontend, transformer, ctc_lin, seq_lin,
+                 augment: Optional[torch.nn.Module] = None):
+        super().__init__()
+        self.compute_features = compute_features
+        self.normalize = normalize
+        self.augment = augment
+        self.frontend = frontend
+        self.transformer = transformer
+        self.ctc_lin = ctc_lin
+        self.seq_lin = seq_lin
+        self._check_frontend_matches_transformer()
+
+    def _check_frontend_matches_transformer(self):
+        """Fail at build time, not mid-training, when the projection size is inconsistent."""
+        with torch.no_grad():
+            feats = self.compute_features(torch.zeros(1, 16000))
+            frontend_out = self.frontend(feats)
+        produced = frontend_out.shape[2] * frontend_out.shape[3]
+        expected = self.transformer.custom_src_module.layers[0].w.in_features
+        if produced != expected:
+            raise ValueError(
+                f"the conv front-end outputs {frontend_out.shape[2]} channels x "
+                f"{frontend_out.shape[3]} mel bins = {produced} values per frame, but the "
+                f"transformer's input_size is {expected}: n_mels must be divisible by the "
+                f"front-end's total stride, and input_size = n_mels / stride * out_channels"
+            )
+
+    def extract_features(self, wavs, wav_lens, epoch=None):
+        """Fbank + normalization (+ augmentation in training): [batch, frames, n_mels]."""
+        feats = self.compute_features(wavs)
+        feats = self.normalize(feats, wav_lens, epoch=epoch)
+        if self.training and self.augment is not None:
+            augmented, _ = self.augment(feats, wav_lens)
+            if augmented.shape[0] != feats.shape[0]:
+                raise ValueError(
+                    f"augment turned a batch of {feats.shape[0]} into {augmented.shape[0]}: "
+                    "set concat_original: False and repeat_augment: 1 in the Augmenter"
+                )
+            feats = augmented
+        return feats
+
+    def encode(self, wavs, wav_lens, epoch=None):
+        """Waveforms [batch, samples] at 16 kHz → encoder states [batch, frames, d_model]."""
+        src = self.frontend(self.extract_features(wavs, wav_lens, epoch))
+        return self.transformer.encode(src, wav_lens, pad_idx=PAD_INDEX)
+
+    def ctc_log_probs(self, enc_states):
+        """Encoder states → CTC log-probabilities [batch, frames, vocab]."""
+        return torch.log_softmax(self.ctc_lin(enc_states), dim=-1)
+
+    def forward(self, wavs, wav_lens, tokens_bos, epoch=None) -> EncoderDecoderOutput:
+        """Teacher-forced pass: both heads' log-probabilities for ``tokens_bos`` ([bos] + tokens)."""
+        src = self.frontend(self.extract_features(wavs, wav_lens, epoch))
+        enc_states, dec_states = self.transformer(src, tokens_bos, wav_lens, pad_idx=PAD_INDEX)
+        seq_log_probs = torch.log_softmax(self.seq_lin(dec_states), dim=-1)
+        return EncoderDecoderOutput(self.ctc_log_probs(enc_states), seq_log_probs, enc_states)

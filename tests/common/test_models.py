@@ -1,0 +1,88 @@
+"""Tests for common/models and the shared graph recipes/hparams/model/conformer.yaml."""
+
+import pathlib
+
+import pytest
+import torch
+from hyperpyyaml import load_hyperpyyaml
+
+GRAPH_YAML = pathlib.Path(__file__).parents[2] / "recipes" / "hparams" / "model" / "conformer.yaml"
+TINY = {"vocab_size": 11, "d_model": 16, "nhead": 2, "num_encoder_layers": 1,
+        "num_decoder_layers": 1, "d_ffn": 32, "n_mels": 20, "frontend_channels": 4,
+        "frontend_out_channels": 4}
+
+
+def load_graph(**overrides):
+    """The shared model graph with tiny sizes (plus ``overrides``)."""
+    torch.manual_seed(0)
+    with open(GRAPH_YAML) as f:
+        return load_hyperpyyaml(f, {**TINY, **overrides})
+
+
+def fit_normalization(model, wavs, wav_lens):
+    """One training-mode pass sets the global mean / std that evaluation needs; returns eval model."""
+    model.train()
+    model.extract_features(wavs, wav_lens)
+    return model.eval()
+
+
+def test_forward_shapes_follow_the_frontend_stride():
+    """1 s of audio = 101 Fbank frames → ceil(101 / 4) = 26 encoder frames at stride 2 x 2."""
+    wavs, wav_lens = torch.randn(2, 16000), torch.tensor([1.0, 0.5])
+    model = fit_normalization(load_graph()["model"], wavs, wav_lens)
+    tokens_bos = torch.tensor([[1, 4, 5], [1, 6, 0]])
+    out = model(wavs, wav_lens, tokens_bos)
+    assert out.ctc_log_probs.shape == (2, 26, 11)
+    assert out.seq_log_probs.shape == (2, 3, 11)
+    assert torch.allclose(out.ctc_log_probs.exp().sum(-1), torch.ones(2, 26), atol=1e-5)
+    assert torch.allclose(model.encode(wavs, wav_lens), out.enc_states, atol=1e-5)
+
+
+def test_weight_names_are_the_documented_contract():
+    """Pretrain and finetune exchange weights by these top-level names; renaming breaks that."""
+    names = {".".join(key.split(".")[:2]) for key in load_graph()["model"].state_dict()}
+    for expected in ["frontend.convblock_0", "transformer.encoder", "transformer.decoder",
+                     "transformer.custom_src_module", "transformer.custom_tgt_module",
+                     "ctc_lin.w", "seq_lin.w"]:
+        assert expected in names
+
+
+def test_weights_load_by_name_into_a_second_build_of_the_graph():
+    """Two builds of the graph with the same sizes accept each other's state_dict strictly."""
+    source, target = load_graph()["model"], load_graph(dropout=0.0)["model"]
+    target.load_state_dict(source.state_dict(), strict=True)
+    assert torch.equal(target.ctc_lin.w.weight, source.ctc_lin.w.weight)
+
+
+def test_graph_included_from_a_recipe_config_takes_its_sizes(tmp_path):
+    """A recipe config can !include the graph and pass sizes by !ref."""
+    recipe = tmp_path / "recipe.yaml"
+    recipe.write_text(
+        "vocab_size: 13\n"
+        f"graph: !include:{GRAPH_YAML}\n"
+        + "".join(f"    {key}: {value}\n" for key, value in TINY.items() if key != "vocab_size")
+        + "    vocab_size: !ref <vocab_size>\n"
+        "model: !ref <graph[model]>\n"
+    )
+    with open(recipe) as f:
+        hparams = load_hyperpyyaml(f)
+    assert hparams["model"] is hparams["graph"]["model"]
+    assert hparams["model"].seq_lin.w.out_features == 13
+
+
+def test_inconsistent_frontend_and_input_size_fails_at_build_time():
+    """n_mels not divisible by the front-end stride is reported with the sizes and the rule."""
+    with pytest.raises(ValueError, match="n_mels must be divisible"):
+        load_graph(n_mels=22)
+
+
+def test_spec_augment_runs_in_training_mode_only():
+    """Eval features are deterministic; training features differ from them (masks, warping)."""
+    model = load_graph()["model"]
+    wavs, wav_lens = torch.randn(2, 16000), torch.ones(2)
+    fit_normalization(model, wavs, wav_lens).train()
+    augmented = model.extract_features(wavs, wav_lens)
+    model.eval()
+    plain = model.extract_features(wavs, wav_lens)
+    assert torch.equal(plain, model.extract_features(wavs, wav_lens))
+    assert not torch.allclose(plain, augmented)

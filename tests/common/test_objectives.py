@@ -1,0 +1,103 @@
+"""Tests for common/objectives.py: the joint CTC / attention loss against hand computations."""
+
+import pytest
+import torch
+
+from common.objectives import drop_prefix, joint_ctc_attention_loss
+
+VOCAB = 7
+
+
+@pytest.fixture
+def batch():
+    """Two utterances of 12 and 9 frames, targets of 3 and 2 tokens (ids 3..6), seeded."""
+    generator = torch.Generator().manual_seed(0)
+    ctc_log_probs = torch.randn(2, 12, VOCAB, generator=generator).log_softmax(-1)
+    seq_log_probs = torch.randn(2, 4, VOCAB, generator=generator).log_softmax(-1)
+    tokens = torch.tensor([[4, 5, 6], [3, 5, 0]])
+    tokens_eos = torch.tensor([[4, 5, 6, 2], [3, 5, 2, 0]])
+    return {
+        "ctc_log_probs": ctc_log_probs,
+        "seq_log_probs": seq_log_probs,
+        "wav_lens": torch.tensor([1.0, 0.75]),
+        "tokens": tokens,
+        "tokens_lens": torch.tensor([1.0, 2 / 3]),
+        "tokens_eos": tokens_eos,
+        "tokens_eos_lens": torch.tensor([1.0, 0.75]),
+    }
+
+
+def hand_ctc(batch):
+    """Mean over utterances of CTC / target length (torch's 'mean'), on absolute lengths."""
+    return torch.nn.functional.ctc_loss(
+        batch["ctc_log_probs"].transpose(0, 1), batch["tokens"],
+        torch.tensor([12, 9]), torch.tensor([3, 2]), blank=0, zero_infinity=True,
+    )
+
+
+def hand_nll(batch, smoothing=0.0):
+    """Token-averaged NLL; smoothing moves ``smoothing`` of the mass to the vocabulary mean."""
+    valid = [(0, t) for t in range(4)] + [(1, t) for t in range(3)]
+    log_probs = batch["seq_log_probs"]
+    nll = -sum(log_probs[b, t, batch["tokens_eos"][b, t]] for b, t in valid) / len(valid)
+    uniform = -sum(log_probs[b, t].mean() for b, t in valid) / len(valid)
+    return (1 - smoothing) * nll + smoothing * uniform
+
+
+def test_loss_is_the_weighted_sum_of_hand_computed_ctc_and_nll(batch):
+    """loss = (1 - w) * CTC + w * NLL, each term matching a direct computation."""
+    out = joint_ctc_attention_loss(**batch, dec_weight=0.3, label_smoothing=0.0)
+    assert torch.allclose(out["ctc_loss"], hand_ctc(batch), atol=1e-5)
+    assert torch.allclose(out["nll_loss"], hand_nll(batch), atol=1e-5)
+    assert torch.allclose(out["loss"], 0.7 * hand_ctc(batch) + 0.3 * hand_nll(batch), atol=1e-5)
+
+
+def test_dec_weight_zero_is_pure_ctc_and_one_is_pure_nll(batch):
+    """The endpoints of dec_weight select one term alone."""
+    ctc_only = joint_ctc_attention_loss(**batch, dec_weight=0.0, label_smoothing=0.0)
+    nll_only = joint_ctc_attention_loss(**batch, dec_weight=1.0, label_smoothing=0.0)
+    assert torch.allclose(ctc_only["loss"], hand_ctc(batch), atol=1e-5)
+    assert torch.allclose(nll_only["loss"], hand_nll(batch), atol=1e-5)
+
+
+def test_label_smoothing_mixes_in_the_vocabulary_mean(batch):
+    """With smoothing e, NLL = (1 - e) * NLL + e * mean over the vocabulary of -log p."""
+    out = joint_ctc_attention_loss(**batch, dec_weight=1.0, label_smoothing=0.1)
+    assert torch.allclose(out["nll_loss"], hand_nll(batch, smoothing=0.1), atol=1e-5)
+    assert not torch.allclose(out["nll_loss"], hand_nll(batch), atol=1e-3)
+
+
+def test_accuracy_counts_argmax_hits_on_unpadded_targets(batch):
+    """Accuracy is the share of the 7 real decoder targets whose argmax is right."""
+    batch["seq_log_probs"] = torch.nn.functional.one_hot(batch["tokens_eos"], VOCAB).float().log()
+    batch["seq_log_probs"][0, 0] = torch.nn.functional.one_hot(torch.tensor(3), VOCAB).float()
+    out = joint_ctc_attention_loss(**batch)
+    assert out["accuracy"] == pytest.approx(6 / 7)
+
+
+def test_language_tag_prefix_is_ignored_by_both_terms(batch):
+    """With ignore_prefix_tokens=1 the loss is that of the targets without their first token,
+    and what the model predicts at the tag position does not matter."""
+    out = joint_ctc_attention_loss(**batch, ignore_prefix_tokens=1)
+    stripped = dict(batch, tokens=batch["tokens"][:, 1:], tokens_lens=torch.tensor([1.0, 0.5]),
+                    tokens_eos=batch["tokens_eos"][:, 1:],
+                    tokens_eos_lens=torch.tensor([1.0, 2 / 3]),
+                    seq_log_probs=batch["seq_log_probs"][:, 1:])
+    expected = joint_ctc_attention_loss(**stripped)
+    assert torch.allclose(out["loss"], expected["loss"], atol=1e-5)
+    batch["seq_log_probs"][:, 0] = torch.randn(2, VOCAB).log_softmax(-1)
+    assert torch.allclose(joint_ctc_attention_loss(**batch, ignore_prefix_tokens=1)["loss"],
+                          out["loss"], atol=1e-6)
+
+
+def test_drop_prefix_rescales_relative_lengths():
+    """Dropping 1 of 4 positions turns lengths 4 and 2 into 3/3 and 1/3."""
+    tokens, lens = drop_prefix(torch.zeros(2, 4), torch.tensor([1.0, 0.5]), 1)
+    assert tokens.shape == (2, 3)
+    assert torch.allclose(lens, torch.tensor([1.0, 1 / 3]))
+
+
+def test_bad_dec_weight_is_rejected_with_its_value(batch):
+    """A weight outside [0, 1] names itself in the error."""
+    with pytest.raises(ValueError, match="dec_weight=1.5"):
+        joint_ctc_attention_loss(**batch, dec_weight=1.5)
