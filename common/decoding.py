@@ -1,0 +1,144 @@
+"""Decoding: greedy CTC, joint CTC / attention beam search, token ids → text.
+
+Token ids follow the tokenizer contract: 0 <blank> (CTC blank, padding), 1 <s>, 2 </s>, 3 <unk>.
+
+A train.py builds the searcher once (or in its yaml with ``!new:common.decoding.build_beam_searcher``)
+and calls it per batch::
+
+    searcher = build_beam_searcher(model, beam_size=10, ctc_weight=0.4)
+    enc_states = model.encode(wavs, wav_lens)
+    hyps = beam_search(searcher, enc_states, wav_lens)          # list of token id lists
+    words = ids_to_text(tokenizer, hyps)                        # list of str
+"""
+
+import logging
+
+import torch
+from speechbrain.decoders.ctc import ctc_greedy_decode
+from speechbrain.decoders.scorer import CTCScorer, LengthScorer, ScorerBuilder
+from speechbrain.decoders.seq2seq import S2STransformerBeamSearcher
+
+logger = logging.getLogger(__name__)
+
+BLANK_INDEX, BOS_INDEX, EOS_INDEX = 0, 1, 2
+
+
+def ctc_greedy(ctc_log_probs, wav_lens):
+    """Best path per frame, repeats collapsed and blanks (id 0) dropped.
+
+    Arguments
+    ---------
+    ctc_log_probs : torch.Tensor
+        [batch, frames, vocab] (log-)probabilities.
+    wav_lens : torch.Tensor
+        Relative lengths [batch]; frames past them are ignored.
+
+    Returns
+    -------
+    list of list of int
+        One token id sequence per utterance.
+    """
+    return ctc_greedy_decode(ctc_log_probs, wav_lens, blank_id=BLANK_INDEX)
+
+
+class JointCTCAttentionSearcher(S2STransformerBeamSearcher):
+    """``S2STransformerBeamSearcher`` that also works with ``ctc_weight = 1``.
+
+    With the attention weight at 0, SpeechBrain 1.1.2 skips the decoder but keeps the
+    previous step's scores as this step's base, so CTC scores pile up step after step and
+    the search emits garbage. Each step starts from zeros here instead.
+    """
+
+    def _attn_weight_step(self, inp_tokens, memory, enc_states, enc_lens, attn, log_probs):
+        """Decoder scores for this step, or zeros when the decoder's weight is 0."""
+        if self.attn_weight > 0:
+            return super()._attn_weight_step(
+                inp_tokens, memory, enc_states, enc_lens, attn, log_probs
+            )
+        return torch.zeros_like(log_probs), memory, attn
+
+
+def build_scorer(ctc_lin, vocab_size, ctc_weight, length_bonus):
+    """The SpeechBrain scorer adding CTC prefix scores and a per-token bonus; None if neither."""
+    scorers, weights = [], {}
+    if ctc_weight > 0.0:
+        scorers.append(CTCScorer(ctc_fc=ctc_lin, blank_index=BLANK_INDEX, eos_index=EOS_INDEX))
+        weights["ctc"] = ctc_weight
+    if length_bonus != 0.0:
+        scorers.append(LengthScorer(vocab_size=vocab_size))
+        weights["length"] = length_bonus
+    return ScorerBuilder(full_scorers=scorers, weights=weights) if scorers else None
+
+
+def build_beam_searcher(
+    model,
+    beam_size=10,
+    ctc_weight=0.4,
+    length_normalization=True,
+    length_bonus=0.0,
+    max_decode_ratio=1.0,
+    temperature=1.0,
+):
+    """Batched joint CTC / attention beam search over a ``SpeechEncoderDecoder``.
+
+    Scores are ``(1 - ctc_weight) * log p_attention + ctc_weight * log p_ctc_prefix``
+    (+ ``length_bonus`` per token), summed over the hypothesis.
+
+    Arguments
+    ---------
+    model : common.models.SpeechEncoderDecoder
+        Provides ``transformer`` (decoder), ``seq_lin`` and ``ctc_lin``.
+    beam_size : int
+        Hypotheses kept per utterance.
+    ctc_weight : float
+        In [0, 1]: 0 = attention decoder only, 1 = CTC prefix search only.
+    length_normalization : bool
+        Rank finished hypotheses by score / length (counters the bias to short outputs).
+    length_bonus : float
+        Score added per emitted token (a length penalty when negative); SpeechBrain allows it
+        only without ``length_normalization``.
+    max_decode_ratio : float
+        Longest hypothesis, in tokens per encoder frame (1.0 = one token per frame).
+    temperature : float
+        Softmax temperature of the attention decoder.
+
+    Returns
+    -------
+    JointCTCAttentionSearcher
+        Call it through ``beam_search``.
+    """
+    if not 0.0 <= ctc_weight <= 1.0:
+        raise ValueError(f"ctc_weight={ctc_weight} must lie in [0, 1] (1 = CTC only)")
+    if length_normalization and length_bonus != 0.0:
+        raise ValueError(
+            f"length_bonus={length_bonus} cannot be combined with length_normalization: "
+            "set length_normalization: False to use a per-token bonus, or set length_bonus: 0.0"
+        )
+    vocab_size = model.seq_lin.w.out_features
+    return JointCTCAttentionSearcher(
+        modules=[model.transformer, model.seq_lin],
+        bos_index=BOS_INDEX,
+        eos_index=EOS_INDEX,
+        min_decode_ratio=0.0,
+        max_decode_ratio=max_decode_ratio,
+        beam_size=beam_size,
+        scorer=build_scorer(model.ctc_lin, vocab_size, ctc_weight, length_bonus),
+        using_eos_threshold=False,
+        length_normalization=length_normalization,
+        temperature=temperature,
+    )
+
+
+def beam_search(searcher, enc_states, wav_lens):
+    """Runs ``searcher`` on a batch of encoder states [batch, frames, d_model] with relative
+    lengths [batch]; returns one token id list per utterance (without bos / eos)."""
+    hyps, _, _, _ = searcher(enc_states.detach(), wav_lens)
+    return [list(map(int, hyp)) for hyp in hyps]
+
+
+def ids_to_text(tokenizer, hyps):
+    """Token id sequences → strings with a ``sentencepiece.SentencePieceProcessor``.
+
+    Control ids (blank, bos, eos) decode to nothing; <unk> (3) decodes to " ⁇ ".
+    """
+    return [tokenizer.decode(hyp) for hyp in hyps]
