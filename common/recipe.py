@@ -1,0 +1,167 @@
+"""What every ``train.py`` does before training: read the command line, check and load the
+config, set up DDP, and create the experiment folder.
+
+Usage in a recipe::
+
+    if __name__ == "__main__":
+        hparams, run_opts = prepare_experiment(sys.argv[1:])
+        brain = ASR(modules=..., hparams=hparams, run_opts=run_opts, ...)
+
+with ``python train.py hparams/X.yaml --key=value ...``. Config mistakes (a misspelled key,
+a ``!PLACEHOLDER`` left unset, a number given as text) stop the run before any work, with
+an error that names the key and the fix.
+"""
+
+import atexit
+import difflib
+import logging
+import os
+import re
+import shlex
+import sys
+
+import ruamel.yaml
+import speechbrain as sb
+from hyperpyyaml import load_hyperpyyaml
+
+logger = logging.getLogger(__name__)
+
+LOCK_NAME = "run.lock"
+
+
+class ConfigError(ValueError):
+    """A problem in the yaml config or its command-line overrides; the message says the fix."""
+
+
+def read_yaml_tree(path):
+    """The yaml at ``path`` as a ruamel tree: tags (!ref, !new:, !include:) kept, unresolved."""
+    with open(path, encoding="utf-8") as f:
+        return ruamel.yaml.YAML().load(f)
+
+
+def closest_key_hint(key, known_keys):
+    """' Did you mean "x"?' for the most similar known key, or '' when none is close."""
+    matches = difflib.get_close_matches(key, [str(k) for k in known_keys], n=1, cutoff=0.6)
+    return f' Did you mean "{matches[0]}"?' if matches else ""
+
+
+def scalar_kind(value):
+    """"bool", "int" or "float" for plain scalars, else None (strings, tags, mappings)."""
+    for kind in (bool, int, float):  # bool first: True is also an int
+        if isinstance(value, kind):
+            return kind.__name__
+    return None
+
+
+def check_value_type(key, default, value):
+    """Raises ConfigError when ``value`` cannot stand where the config has ``default``.
+
+    Only numbers and bools are checked; an int may replace a float.
+    """
+    expected, given = scalar_kind(default), scalar_kind(value)
+    if expected is None or given == expected or (expected, given) == ("float", "int"):
+        return
+    raise ConfigError(
+        f"--{key}={value!r} is of type {given or type(value).__name__}, but the config's "
+        f"value {default!r} is of type {expected}: pass a {expected}"
+    )
+
+
+def check_keys(overrides, tree, where):
+    """Checks every key of ``overrides`` (nested mappings too) against the yaml ``tree``."""
+    for key, value in overrides.items():
+        if key not in tree:
+            raise ConfigError(
+                f'"{key}" is not a key of {where}.{closest_key_hint(key, tree.keys())}'
+            )
+        default = tree[key]
+        if isinstance(value, dict) and isinstance(default, dict):
+            check_keys(value, default, f"{where}[{key}]")
+        else:
+            check_value_type(key, default, value)
+
+
+def check_include_parameters(tree, folder, where):
+    """Checks the keys passed under each ``!include:`` against the included file's keys
+    (HyperPyYAML silently ignores a misspelled one)."""
+    for key, node in tree.items():
+        tag = getattr(getattr(node, "tag", None), "value", None) or ""
+        if tag.startswith("!include:"):
+            included = os.path.join(folder, tag[len("!include:"):])
+            check_keys(dict(node), read_yaml_tree(included), f"{included} (included as {key})")
+        elif isinstance(node, dict):
+            check_include_parameters(node, folder, f"{where}[{key}]")
+
+
+def load_checked_hparams(hparams_file, overrides=""):
+    """Loads ``hparams_file`` with ``overrides`` (yaml text or dict), after checking both.
+
+    Raises
+    ------
+    ConfigError
+        For an override key the config lacks (naming the closest key), a value of the
+        wrong type, a misspelled ``!include:`` parameter, or an unset ``!PLACEHOLDER``.
+    """
+    if isinstance(overrides, str):
+        overrides = ruamel.yaml.YAML().load(overrides) or {}
+    tree = read_yaml_tree(hparams_file)
+    check_keys(overrides, tree, hparams_file)
+    check_include_parameters(tree, os.path.dirname(os.path.abspath(hparams_file)), "")
+    try:
+        with open(hparams_file, encoding="utf-8") as f:
+            return load_hyperpyyaml(f, overrides)
+    except ValueError as error:
+        missing = re.search(r"'(.+?)' is a !PLACEHOLDER", str(error))
+        if missing is None:
+            raise
+        key = missing.group(1)
+        raise ConfigError(
+            f"{key} is a !PLACEHOLDER in {hparams_file}: give it a value, e.g. "
+            f"--{key.split('[')[0]}=... on the command line (or in a derived config)"
+        ) from error
+
+
+def acquire_run_lock(folder):
+    """Marks ``folder`` as used by this process, so a second run cannot write into it too.
+
+    A lock left by a process that no longer runs is taken over. Released at exit.
+    """
+    path = os.path.join(folder, LOCK_NAME)
+    try:
+        with open(path, encoding="utf-8") as f:
+            holder = int(f.read().strip() or 0)
+        os.kill(holder, 0)
+    except (FileNotFoundError, ValueError, ProcessLookupError):
+        holder = None
+    if holder is not None and holder != os.getpid():
+        raise RuntimeError(
+            f"{folder} is in use by process {holder} ({path}): wait for it to finish, "
+            "or set another output_folder"
+        )
+    with open(path, "w", encoding="utf-8") as f:
+        f.write(str(os.getpid()))
+    atexit.register(lambda: os.path.exists(path) and os.remove(path))
+
+
+def create_output_folder(hparams, hparams_file, overrides, argv):
+    """Creates ``hparams["output_folder"]`` with the resolved config (hyperparams.yaml),
+    the command line (command.txt) and log.txt; takes the run lock."""
+    if "output_folder" not in hparams:
+        raise ConfigError(f"{hparams_file} has no output_folder: add one (e.g. exp/<name>)")
+    folder = hparams["output_folder"]
+    sb.create_experiment_directory(folder, hyperparams_to_save=hparams_file, overrides=overrides)
+    if sb.utils.distributed.if_main_process():
+        acquire_run_lock(folder)
+        with open(os.path.join(folder, "command.txt"), "a", encoding="utf-8") as f:
+            f.write(shlex.join(["python", sys.argv[0], *argv]) + "\n")
+
+
+def prepare_experiment(argv):
+    """Parses ``train.py hparams.yaml --key=value ...`` (``argv`` without the script), loads
+    and checks the config, joins the DDP group when launched by torchrun, creates the
+    experiment folder. Returns ``(hparams, run_opts)`` for ``sb.Brain``."""
+    hparams_file, run_opts, overrides = sb.parse_arguments(argv)
+    hparams = load_checked_hparams(hparams_file, overrides)
+    sb.utils.distributed.ddp_init_group(run_opts)
+    create_output_folder(hparams, hparams_file, overrides, argv)
+    return hparams, run_opts

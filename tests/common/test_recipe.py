@@ -1,0 +1,93 @@
+"""Tests for common/recipe.py: config mistakes are caught before any work, with the fix named,
+and the experiment folder records what ran."""
+
+import os
+import subprocess
+
+import pytest
+
+from common.recipe import ConfigError, acquire_run_lock, load_checked_hparams, prepare_experiment
+
+CONFIG = """\
+output_folder: !ref <exp_root>/demo
+exp_root: !PLACEHOLDER
+max_batch_seconds: 120.0
+num_epochs: 10
+sort_by_duration: True
+graph: !include:graph.yaml
+    d_model: 8
+"""
+GRAPH = "d_model: 4\nnum_layers: 2\n"
+
+
+@pytest.fixture
+def config(tmp_path):
+    """A recipe config with a placeholder, typed scalars and an !include:, in tmp_path."""
+    (tmp_path / "graph.yaml").write_text(GRAPH)
+    path = tmp_path / "train.yaml"
+    path.write_text(CONFIG)
+    return str(path)
+
+
+def test_valid_overrides_load_and_reach_the_included_graph(config, tmp_path):
+    """Overrides replace values; the include receives its parameters."""
+    hparams = load_checked_hparams(config, f"exp_root: {tmp_path}\nnum_epochs: 3")
+    assert hparams["num_epochs"] == 3
+    assert hparams["graph"]["d_model"] == 8
+    assert hparams["output_folder"] == f"{tmp_path}/demo"
+
+
+def test_mistyped_override_names_the_closest_valid_key(config):
+    """--max_batch_secnds is refused and max_batch_seconds suggested."""
+    with pytest.raises(ConfigError, match='"max_batch_secnds".*Did you mean "max_batch_seconds"'):
+        load_checked_hparams(config, "exp_root: x\nmax_batch_secnds: 60")
+
+
+def test_missing_placeholder_names_the_key_to_set(config):
+    """An unset !PLACEHOLDER says which --key to pass."""
+    with pytest.raises(ConfigError, match="exp_root is a !PLACEHOLDER.*--exp_root="):
+        load_checked_hparams(config, "")
+
+
+@pytest.mark.parametrize("override, expected", [
+    ("max_batch_seconds: abc", "'abc' is of type str.*120.0 is of type float"),
+    ("num_epochs: 2.5", "2.5 is of type float.*10 is of type int"),
+    ("sort_by_duration: 1", "1 is of type int.*True is of type bool"),
+])
+def test_override_of_the_wrong_type_is_reported(config, override, expected):
+    """A value that cannot stand where the config has a number or bool is refused."""
+    with pytest.raises(ConfigError, match=expected):
+        load_checked_hparams(config, f"exp_root: x\n{override}")
+
+
+def test_misspelled_include_parameter_names_the_closest_key(config, tmp_path):
+    """HyperPyYAML would silently ignore d_modle under the !include:; we refuse it."""
+    (tmp_path / "train.yaml").write_text(CONFIG.replace("    d_model: 8", "    d_modle: 8"))
+    with pytest.raises(ConfigError, match='"d_modle".*graph.yaml.*Did you mean "d_model"'):
+        load_checked_hparams(config, "exp_root: x")
+
+
+def test_prepare_experiment_writes_config_and_command_line(config, tmp_path):
+    """The folder holds the resolved hyperparams.yaml, the command, log.txt and the lock."""
+    hparams, run_opts = prepare_experiment(
+        [config, f"--exp_root={tmp_path}", "--num_epochs=2", "--device=cpu"])
+    folder = tmp_path / "demo"
+    assert run_opts["device"] == "cpu"
+    assert "num_epochs: 2" in (folder / "hyperparams.yaml").read_text()
+    assert "--num_epochs=2" in (folder / "command.txt").read_text()
+    assert (folder / "log.txt").exists()
+    assert (folder / "run.lock").read_text() == str(os.getpid())
+
+
+def test_run_lock_refuses_a_live_holder_and_takes_over_a_dead_one(tmp_path):
+    """A lock held by a running process blocks; one left by a finished process does not."""
+    live = subprocess.Popen(["sleep", "30"])
+    try:
+        (tmp_path / "run.lock").write_text(str(live.pid))
+        with pytest.raises(RuntimeError, match=f"in use by process {live.pid}"):
+            acquire_run_lock(str(tmp_path))
+    finally:
+        live.kill()
+        live.wait()
+    acquire_run_lock(str(tmp_path))
+    assert (tmp_path / "run.lock").read_text() == str(os.getpid())
