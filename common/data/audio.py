@@ -1,0 +1,85 @@
+"""Audio I/O for shards: stream tar members with webdataset, decode Ogg Opus with soundfile.
+
+A worker reads each of its shards front to back (``webdataset.tariterators.tar_file_iterator``) and
+decodes only the members its plan asks for. A truncated tar or an undecodable member is skipped with a
+warning and counted in ``BadDataCounts``; the epoch goes on.
+"""
+
+import io
+import logging
+from collections import Counter
+
+import numpy as np
+import soundfile
+import torch
+import torchaudio.functional
+from webdataset.tariterators import tar_file_iterator
+
+logger = logging.getLogger(__name__)
+
+SAMPLE_RATE = 16000  # Hz, fixed by the shard contract
+
+
+class BadDataCounts(Counter):
+    """Counts of skipped data by kind (``truncated_shard``, ``undecodable``, ``missing``)."""
+
+    def record(self, kind, message):
+        """Count one problem and log it as a warning."""
+        self[kind] += 1
+        logger.warning("skipped (%s): %s", kind, message)
+
+
+def decode_opus(data):
+    """Decode Ogg Opus bytes into a float32 mono waveform tensor at 16 kHz, shape [samples]."""
+    waveform, rate = soundfile.read(io.BytesIO(data), dtype="float32")
+    if rate != SAMPLE_RATE:
+        raise ValueError(f"sample rate {rate} Hz, shards hold {SAMPLE_RATE} Hz audio: rewrite the shard")
+    return torch.from_numpy(waveform if waveform.ndim == 1 else waveform.mean(axis=1))
+
+
+def speed_perturb(waveform, speed):
+    """Play ``waveform`` ``speed`` times faster (duration / speed); 1.0 returns it unchanged."""
+    if speed == 1.0:
+        return waveform
+    return torchaudio.functional.resample(waveform, int(round(SAMPLE_RATE * speed)), SAMPLE_RATE)
+
+
+def shard_members(path, bad_data):
+    """Yield ``(key, extension, bytes)`` for each member of a shard tar, front to back.
+
+    Keys hold no ``.`` (shard contract), so the key is the name up to the first dot. A truncated or
+    unreadable tar ends the shard early with a counted warning.
+    """
+    try:
+        with open(path, "rb") as stream:
+            for member in tar_file_iterator(stream):
+                key, _, extension = member["fname"].partition(".")
+                yield key, extension, member["data"]
+    except Exception as error:  # tarfile raises several types for damaged archives
+        bad_data.record("truncated_shard", f"{path}: {error}")
+
+
+def decoded_audio(path, wanted, bad_data):
+    """Yield ``(key, waveform)`` for the opus members of ``path`` whose key is in ``wanted``.
+
+    Unwanted members are read past without decoding; an undecodable one is counted and skipped.
+    """
+    for key, extension, data in shard_members(path, bad_data):
+        if extension != "opus" or key not in wanted:
+            continue
+        try:
+            yield key, decode_opus(data)
+        except Exception as error:  # soundfile raises RuntimeError / LibsndfileError on bad data
+            bad_data.record("undecodable", f"{key} in {path}: {error}")
+
+
+def duration_seconds(waveform):
+    """Duration of a 16 kHz waveform in seconds."""
+    return len(waveform) / SAMPLE_RATE
+
+
+def choose_speeds(count, speeds, rng):
+    """One speed factor per utterance drawn uniformly from ``speeds`` (all 1.0 when none)."""
+    if not speeds:
+        return np.ones(count)
+    return np.asarray(speeds, dtype=np.float64)[rng.integers(0, len(speeds), count)]

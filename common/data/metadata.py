@@ -1,0 +1,73 @@
+"""Read shard metadata parquets (``metadata_pool.parquet`` / ``metadata_core.parquet``) into arrays.
+
+Only the columns planning needs are read (pyarrow column projection); rows are put in tar order
+(shard, then ``opus_offset``), so a shard's rows are in the order a reader meets them.
+"""
+
+import logging
+from dataclasses import dataclass
+from pathlib import Path
+
+import numpy as np
+import pyarrow as pa
+import pyarrow.parquet as pq
+
+logger = logging.getLogger(__name__)
+
+SPEECH_COLUMNS = ["sample_key", "text", "duration", "shard_name", "opus_offset"]
+
+
+@dataclass
+class SpeechMetadata:
+    """Per-row arrays of a speech corpus, rows in tar order.
+
+    keys, texts : np.ndarray of str
+    durations : np.ndarray of float64, seconds
+    shard_of_row : np.ndarray of int64, index into ``shard_paths``
+    shard_paths : list of str, absolute tar paths
+    """
+
+    keys: np.ndarray
+    texts: np.ndarray
+    durations: np.ndarray
+    shard_of_row: np.ndarray
+    shard_paths: list
+
+    def __len__(self):
+        return len(self.keys)
+
+    @property
+    def seconds(self):
+        """Total audio in seconds."""
+        return float(self.durations.sum())
+
+
+def read_table(parquet_paths, columns):
+    """Concatenate the given parquets (str, Path or list); add ``shard_path`` resolved per file."""
+    paths = [Path(p) for p in ([parquet_paths] if isinstance(parquet_paths, (str, Path)) else parquet_paths)]
+    if not paths:
+        raise ValueError("no metadata parquet given: pass OUT_DIR/metadata_pool.parquet of local/make_shards.py")
+    tables = []
+    for path in paths:
+        table = pq.read_table(path, columns=columns)
+        shard_dir = str(path.resolve().parent)
+        shard_paths = pa.array([f"{shard_dir}/{name}" for name in table["shard_name"].to_pylist()])
+        tables.append(table.append_column("shard_path", shard_paths))
+    return pa.concat_tables(tables)
+
+
+def read_speech_metadata(parquet_paths):
+    """Read speech metadata from one or more parquets of the shard contract."""
+    table = read_table(parquet_paths, SPEECH_COLUMNS)
+    table = table.sort_by([("shard_path", "ascending"), ("opus_offset", "ascending")])
+    shard_paths, shard_of_row = np.unique(table["shard_path"].to_numpy(zero_copy_only=False), return_inverse=True)
+    metadata = SpeechMetadata(
+        keys=table["sample_key"].to_numpy(zero_copy_only=False),
+        texts=table["text"].to_numpy(zero_copy_only=False),
+        durations=table["duration"].to_numpy().astype(np.float64),
+        shard_of_row=shard_of_row.astype(np.int64),
+        shard_paths=shard_paths.tolist(),
+    )
+    logger.info("%d samples, %.1f h in %d shards from %s", len(metadata), metadata.seconds / 3600,
+                len(metadata.shard_paths), parquet_paths)
+    return metadata

@@ -1,0 +1,127 @@
+"""Per-sample steps, each a small function configured from yaml.
+
+Filters work on scalars or on whole metadata columns (numpy broadcasting), so the loader applies them
+to the parquet before planning and never decodes audio to decide what to keep::
+
+    filters:
+        min_duration: 1.0              # s
+        max_duration: 35.0             # s
+        min_tokens: 1
+        max_tokens: 400
+        max_tokens_per_second: 30.0    # drops transcripts far too long for their audio
+
+Tokenization, collation and features run in the dataloader workers.
+"""
+
+import logging
+
+import numpy as np
+import sentencepiece
+import torch
+from speechbrain.dataio.batch import PaddedBatch
+
+logger = logging.getLogger(__name__)
+
+BOS_ID, EOS_ID, PAD_ID = 1, 2, 0  # tokenizer contract: 0 = <blank>/pad, 1 = <s>, 2 = </s>
+
+
+def keep_duration(durations, min_duration=0.0, max_duration=float("inf")):
+    """True where ``min_duration <= duration <= max_duration`` (seconds)."""
+    return (durations >= min_duration) & (durations <= max_duration)
+
+
+def keep_token_count(token_counts, min_tokens=0, max_tokens=float("inf")):
+    """True where the transcript has between ``min_tokens`` and ``max_tokens`` tokens."""
+    return (token_counts >= min_tokens) & (token_counts <= max_tokens)
+
+
+def keep_tokens_per_second(token_counts, durations, max_tokens_per_second=float("inf")):
+    """True where the transcript is not too long for its audio (tokens per second of audio)."""
+    return token_counts <= max_tokens_per_second * durations
+
+
+def keep_mask(durations, token_counts, filters):
+    """Combine the filters of a yaml ``filters`` block over metadata columns; log what was dropped."""
+    known = {"min_duration", "max_duration", "min_tokens", "max_tokens", "max_tokens_per_second"}
+    unknown = set(filters) - known
+    if unknown:
+        raise ValueError(f"unknown filters {sorted(unknown)}: use {sorted(known)}")
+    duration_limits = {k: v for k, v in filters.items() if k.endswith("_duration")}
+    token_limits = {k: v for k, v in filters.items() if k in ("min_tokens", "max_tokens")}
+    rate_limit = {k: v for k, v in filters.items() if k == "max_tokens_per_second"}
+    keep = keep_duration(durations, **duration_limits) & keep_token_count(token_counts, **token_limits)
+    keep &= keep_tokens_per_second(token_counts, durations, **rate_limit)
+    logger.info("filters %s keep %d of %d samples", filters, int(keep.sum()), len(keep))
+    return keep
+
+
+class Tokenizer:
+    """SentencePiece tokenizer loaded lazily, so it can be sent to dataloader workers by path."""
+
+    def __init__(self, model_path):
+        self.model_path = str(model_path)
+        self._processor = None
+
+    @property
+    def processor(self):
+        """The loaded ``sentencepiece.SentencePieceProcessor``."""
+        if self._processor is None:
+            self._processor = sentencepiece.SentencePieceProcessor(model_file=self.model_path)
+        return self._processor
+
+    def __getstate__(self):
+        return {"model_path": self.model_path, "_processor": None}
+
+    def encode(self, texts):
+        """Token ids of one text (list of int) or of a list of texts (list of lists)."""
+        return self.processor.encode(texts)
+
+    def piece_id(self, piece):
+        """Id of a user symbol such as a language tag ``<en>``; raises if the model lacks it."""
+        token = self.processor.piece_to_id(piece)
+        if token == self.processor.unk_id() and piece != "<unk>":
+            raise ValueError(f"tokenizer {self.model_path} has no symbol {piece!r}: add it as a user symbol")
+        return token
+
+
+def token_fields(tokens, prefix=""):
+    """``tokens``, ``tokens_bos`` (``[1] + tokens``) and ``tokens_eos`` (``tokens + [2]``) tensors."""
+    tokens = torch.as_tensor(tokens, dtype=torch.long)
+    return {
+        f"{prefix}tokens": tokens,
+        f"{prefix}tokens_bos": torch.cat([torch.tensor([BOS_ID]), tokens]),
+        f"{prefix}tokens_eos": torch.cat([tokens, torch.tensor([EOS_ID])]),
+    }
+
+
+def speech_sample(key, waveform, text, tokens):
+    """The per-utterance dict a speech batch is collated from."""
+    return {"id": key, "sig": waveform, "text": text, **token_fields(tokens)}
+
+
+def collate(samples, features=None):
+    """Pad samples into a ``PaddedBatch`` (pad value 0); add ``feats`` with ``features`` if given.
+
+    ``features`` (e.g. ``speechbrain.lobes.features.Fbank``) runs on the padded waveforms in the
+    worker; ``feats`` shares the relative lengths of ``sig``.
+    """
+    batch = PaddedBatch(samples, padding_kwargs={"value": PAD_ID})
+    if features is not None:
+        with torch.no_grad():
+            feats = features(batch.sig.data)
+        batch = PaddedBatch(
+            [dict(sample, feats=f) for sample, f in zip(samples, frames_of(feats, batch.sig.lengths))],
+            padding_kwargs={"value": PAD_ID},
+        )
+    return batch
+
+
+def frames_of(feats, relative_lengths):
+    """Split padded features [B, frames, dims] into per-sample tensors without padding frames."""
+    frames = torch.round(relative_lengths * feats.shape[1]).long().clamp(min=1)
+    return [f[:n] for f, n in zip(feats, frames)]
+
+
+def count_tokens(tokenizer, texts):
+    """Token count of each text (numpy int array)."""
+    return np.fromiter((len(t) for t in tokenizer.encode(list(texts))), dtype=np.int64, count=len(texts))

@@ -1,0 +1,238 @@
+"""Speech loader: metadata parquet + shards -> ``PaddedBatch`` es, rank-balanced and resumable.
+
+The main process plans the epoch from metadata (``planning.plan_epoch``); each dataloader worker owns
+whole shards, streams them front to back, decodes only the utterances of its remaining planned batches,
+and yields ready collated batches (``batch_size=None``: one pickled batch per step between processes,
+not one tensor per utterance). Torch's DataLoader takes batches from its workers round-robin and every
+worker yields the same number of batches, so the order inside a rank is fixed by the plan.
+"""
+
+import logging
+from collections import Counter
+
+import numpy as np
+import torch
+from torch.utils.data import DataLoader, IterableDataset, get_worker_info
+
+from common.data.audio import BadDataCounts, choose_speeds, decoded_audio, speed_perturb
+from common.data.metadata import read_speech_metadata
+from common.data.pipeline import Tokenizer, collate, count_tokens, keep_mask, speech_sample
+from common.data.planning import batches_to_skip, plan_epoch
+from common.data.stream import BatchStream
+
+logger = logging.getLogger(__name__)
+
+
+class ShardStreamDataset(IterableDataset):
+    """Yields one rank's planned batches for one epoch; inside a worker, only that worker's share.
+
+    Set ``slots`` (the rank's ``SlotPlan`` list), ``speeds`` and ``consumed`` before iterating.
+    """
+
+    def __init__(self, metadata, tokenizer, features=None):
+        self.metadata = metadata
+        self.tokenizer = tokenizer
+        self.features = features
+        self.slots, self.speeds, self.consumed = [], None, 0
+
+    def __iter__(self):
+        info = get_worker_info()
+        if info is not None:
+            yield from self.slot_batches(info.id)
+            return
+        streams = [self.slot_batches(w) for w in range(len(self.slots))]  # in-process: same order
+        for batches in zip(*streams):
+            yield from batches
+
+    def slot_batches(self, worker):
+        """Collated batches of one slot, from the first one not yet consumed."""
+        slot = self.slots[worker]
+        remaining = slot.batches[batches_to_skip(self.consumed, worker, len(self.slots)):]
+        bad_data, last_good, owed = BadDataCounts(), None, 0
+        waveforms = self.stream_waveforms(slot, remaining, bad_data)
+        for rows in remaining:
+            samples = [self.make_sample(row, waveforms.get(row)) for row in rows if waveforms.has(row)]
+            bad_data.update(missing=len(rows) - len(samples) - waveforms.dropped(rows))
+            if not samples:  # keep the step count: repeat a real batch (no dummy), counted
+                bad_data["repeated_batch"] += 1
+                if last_good is None:
+                    owed += 1
+                    continue
+                samples = last_good
+            last_good = samples
+            for _ in range(1 + owed):
+                batch = collate(samples, self.features)
+                batch.bad_data = dict(bad_data)
+                batch.worker = worker
+                yield batch
+            owed = 0
+
+    def stream_waveforms(self, slot, remaining, bad_data):
+        """A ``WaveformStream`` over the slot's shards for the rows of the remaining batches."""
+        wanted = set(np.concatenate(remaining).tolist()) if remaining else set()
+        return WaveformStream(self.metadata, slot, wanted, bad_data)
+
+    def make_sample(self, row, waveform):
+        """Per-sample steps: speed perturbation, tokenization, sample dict."""
+        text = self.metadata.texts[row]
+        waveform = speed_perturb(waveform, float(self.speeds[row]))
+        return speech_sample(self.metadata.keys[row], waveform, text, self.tokenizer.encode(text))
+
+
+class WaveformStream:
+    """Decoded waveforms of wanted rows, read lazily in stream order as batches ask for them.
+
+    ``has(row)`` reads on until the reader is past ``row``; waveforms are released by ``get``, so at
+    most the planned buffer of utterances is held.
+    """
+
+    def __init__(self, metadata, slot, wanted, bad_data):
+        self.position_of = {int(row): i for i, row in enumerate(slot.stream_rows)}
+        self.ready, self.undecodable, self.reached = {}, set(), -1
+        self.reader = self.read(metadata, slot, wanted, bad_data)
+
+    def read(self, metadata, slot, wanted, bad_data):
+        """Yield the stream position reached after each decoded member and at each shard end."""
+        shard_of_stream = metadata.shard_of_row[slot.stream_rows]
+        end = 0
+        for shard in slot.shards:
+            rows = slot.stream_rows[shard_of_stream == shard]
+            end += len(rows)
+            wanted_keys = {metadata.keys[r]: int(r) for r in rows if int(r) in wanted}
+            if wanted_keys:
+                before = bad_data["undecodable"]
+                for key, waveform in decoded_audio(metadata.shard_paths[shard], wanted_keys, bad_data):
+                    row = wanted_keys.pop(key)
+                    self.ready[row] = waveform
+                    yield self.position_of[row]
+                if bad_data["undecodable"] > before:
+                    self.undecodable.update(wanted_keys.values())
+            yield end - 1
+
+    def has(self, row):
+        """Whether ``row`` was decoded (reads on until the stream is past it)."""
+        while self.reached < self.position_of[row] and row not in self.ready:
+            self.reached = max(self.reached, next(self.reader, len(self.position_of)))
+        return row in self.ready
+
+    def get(self, row):
+        """Hand over (and release) the waveform of ``row``."""
+        return self.ready.pop(row)
+
+    def dropped(self, rows):
+        """How many of ``rows`` were already counted as undecodable."""
+        return sum(row in self.undecodable for row in rows)
+
+
+class SpeechLoader(BatchStream):
+    """Batches of speech for one rank; see ``make_speech_loader``."""
+
+    def __init__(self, metadata, dataset, seed, rank, world_size, num_workers, batching, speeds):
+        super().__init__()
+        self.metadata, self.dataset = metadata, dataset
+        self.seed, self.rank, self.world_size, self.num_workers = seed, rank, world_size, num_workers
+        self.batching, self.speed_choices = batching, speeds
+        self._plans = {}
+        self.bad_data = Counter()
+
+    def plan(self, epoch):
+        """(rank plan, speed per row) of ``epoch``, cached for the current epoch only."""
+        if epoch not in self._plans:
+            rng = np.random.default_rng([self.seed, epoch, 1])
+            speeds = choose_speeds(len(self.metadata), self.speed_choices, rng)
+            plan = plan_epoch(self.metadata.durations / speeds, self.metadata.shard_of_row, self.seed, epoch,
+                              self.world_size, self.num_workers, **self.batching)
+            self._plans = {epoch: (plan[self.rank], speeds)}
+        return self._plans[epoch]
+
+    def batches_in_epoch(self, epoch):
+        slots, _ = self.plan(epoch)
+        return sum(len(slot.batches) for slot in slots)
+
+    def planned_keys(self, epoch):
+        """Sample keys of each batch of ``epoch`` in yield order (no audio read)."""
+        slots, _ = self.plan(epoch)
+        return [list(self.metadata.keys[b]) for j in range(len(slots[0].batches)) for b in
+                (slot.batches[j] for slot in slots)]
+
+    def epoch_batches(self, epoch, start):
+        slots, speeds = self.plan(epoch)
+        self.dataset.slots, self.dataset.speeds, self.dataset.consumed = slots, speeds, start
+        workers = len(slots) if self.num_workers > 0 else 0
+        loader = DataLoader(self.dataset, batch_size=None, num_workers=workers,
+                            prefetch_factor=2 if workers else None)
+        last_counts = {}
+        for batch in loader:
+            last_counts[batch.worker] = batch.bad_data
+            yield batch
+        self.bad_data = sum((Counter(c) for c in last_counts.values()), Counter())
+
+    def end_epoch(self, epoch):
+        audio = sum(self.metadata.durations[b].sum() for slot in self.plan(epoch)[0] for b in slot.batches)
+        logger.info("epoch %d rank %d: %d batches, %.1f s audio, skipped data %s", epoch, self.rank,
+                    self.batches_in_epoch(epoch), audio, dict(self.bad_data) or "none")
+
+
+def make_speech_loader(
+    parquets,
+    tokenizer,
+    max_batch_seconds,
+    max_batch_size=None,
+    num_workers=2,
+    seed=0,
+    rank=0,
+    world_size=1,
+    filters=None,
+    speed_perturb=None,
+    features=None,
+    buffer_size=1024,
+    emit_fraction=0.25,
+):
+    """Build the speech loader of one rank.
+
+    Arguments
+    ---------
+    parquets : str, Path or list
+        ``metadata_pool.parquet`` / ``metadata_core.parquet`` files; shards sit beside each file.
+    tokenizer : str or Tokenizer
+        SentencePiece model path (ids per the tokenizer contract).
+    max_batch_seconds : float
+        Padded audio per batch (batch size x longest utterance, after speed perturbation), never exceeded.
+    max_batch_size : int, optional
+        Most utterances per batch.
+    num_workers : int
+        Dataloader workers per rank, each owning whole shards (0: read in the main process).
+    seed, rank, world_size : int
+        Same seed + shards + world size + workers give the same batches in the same order.
+    filters : dict, optional
+        ``min_duration``/``max_duration`` (s), ``min_tokens``/``max_tokens``, ``max_tokens_per_second``.
+    speed_perturb : list of float, optional
+        Speed factors drawn per utterance and epoch, e.g. ``[0.9, 1.0, 1.1]`` (duration / factor).
+    features : callable, optional
+        Run on padded waveforms in the workers (e.g. ``speechbrain.lobes.features.Fbank``) -> ``feats``.
+    buffer_size, emit_fraction
+        Batching buffer (utterances held per worker) and tightness, see ``batching.buffered_batches``.
+
+    Returns
+    -------
+    SpeechLoader
+        Iterate once per epoch; ``len()``, ``set_epoch()``, ``state_dict()``/``load_state_dict()``,
+        SpeechBrain checkpoint hooks. Batches: ``id``, ``sig``, ``text``, ``tokens``, ``tokens_bos``,
+        ``tokens_eos`` (+ ``feats``).
+    """
+    tokenizer = tokenizer if isinstance(tokenizer, Tokenizer) else Tokenizer(tokenizer)
+    metadata = read_speech_metadata(parquets)
+    if filters:
+        keep = keep_mask(metadata.durations, count_tokens(tokenizer, metadata.texts), filters)
+        metadata.shard_of_row = np.where(keep, metadata.shard_of_row, -1)
+    shortest_speed = min(speed_perturb or [1.0])
+    used = metadata.durations[metadata.shard_of_row >= 0]
+    if len(used) and used.max() / shortest_speed > max_batch_seconds:
+        raise ValueError(
+            f"max_batch_seconds={max_batch_seconds} is smaller than the longest utterance allowed "
+            f"({used.max() / shortest_speed:.2f} s after speed perturbation): raise it or lower max_duration"
+        )
+    batching = dict(budget=max_batch_seconds, max_batch_size=max_batch_size, buffer_size=buffer_size,
+                    emit_fraction=emit_fraction)
+    dataset = ShardStreamDataset(metadata, tokenizer, features)
+    return SpeechLoader(metadata, dataset, seed, rank, world_size, num_workers, batching, speed_perturb)
