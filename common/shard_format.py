@@ -1,0 +1,126 @@
+"""The on-disk shard format shared by the writers (``local/``) and the readers (``common/data``).
+
+A shard folder holds:
+
+- ``{prefix}-{index:06d}.tar``: POSIX tars; each sample is two consecutive members, ``{key}.opus``
+  (Ogg Opus, 16 kHz mono) then ``{key}.json`` (``text``, ``duration`` in seconds, ``source``, plus the
+  corpus's carried fields such as ``speaker``, ``lang``, ``translation``).
+- ``metadata_pool.parquet``: one row per sample (:data:`METADATA_SCHEMA`), so that filtering, batch
+  planning and rank balancing read durations and texts without opening a tar. ``*_offset``/``*_size``
+  locate each member's data inside its tar for random access.
+- ``metadata_core.parquet``: a filtered subset with the same schema.
+"""
+
+import io
+import json
+import os
+import tarfile
+
+import pyarrow as pa
+import pyarrow.parquet as pq
+
+from common.atomic import atomic_path
+
+POOL_PARQUET = "metadata_pool.parquet"
+CORE_PARQUET = "metadata_core.parquet"
+SHARD_NAME_FORMAT = "{prefix}-{index:06d}.tar"
+CARRIED_COLUMNS = ("speaker", "lang")  # carried fields promoted to columns; the rest go to ``extra``
+
+METADATA_SCHEMA = pa.schema([
+    ("sample_key", pa.string()),
+    ("text", pa.string()),
+    ("duration", pa.float64()),
+    ("shard_name", pa.string()),
+    ("speaker", pa.string()),
+    ("lang", pa.string()),
+    ("source", pa.string()),
+    ("opus_offset", pa.int64()),
+    ("opus_size", pa.int64()),
+    ("json_offset", pa.int64()),
+    ("json_size", pa.int64()),
+    ("extra", pa.string()),
+])
+
+
+def sample_json(text, duration, source, fields):
+    """The ``{key}.json`` member: text, duration (s), source and the carried fields."""
+    return {"text": text, "duration": round(duration, 4), "source": source, **fields}
+
+
+def metadata_row(key, sample, shard_name, offsets):
+    """One parquet row for a sample; ``offsets`` = (opus_offset, opus_size, json_offset, json_size)."""
+    carried = {k: v for k, v in sample.items() if k not in ("text", "duration", "source")}
+    row = {"sample_key": key, "text": sample["text"], "duration": sample["duration"],
+           "shard_name": shard_name, "source": sample["source"]}
+    row.update({column: _as_text(carried.pop(column, None)) for column in CARRIED_COLUMNS})
+    row.update(zip(("opus_offset", "opus_size", "json_offset", "json_size"), offsets))
+    row["extra"] = json.dumps(carried, ensure_ascii=False, sort_keys=True)
+    return row
+
+
+def _as_text(value):
+    return None if value is None else str(value)
+
+
+def write_metadata(rows, path):
+    """Write ``rows`` (dicts of :data:`METADATA_SCHEMA`) to a parquet file, atomically."""
+    table = pa.Table.from_pylist(rows, schema=METADATA_SCHEMA)
+    with atomic_path(path) as temporary:
+        pq.write_table(table, temporary)
+
+
+def read_metadata(path):
+    """A shard folder's parquet (``path`` a folder = its pool) as a pyarrow Table."""
+    if os.path.isdir(path):
+        path = os.path.join(path, POOL_PARQUET)
+    if not os.path.isfile(path):
+        raise FileNotFoundError(f"{path} not found: run local/make_shards.py to create the shards first")
+    return pq.read_table(path)
+
+
+class ShardWriter:
+    """Append samples to one tar and record where each member's data lies.
+
+    >>> writer = ShardWriter("shard.tar.tmp")               # doctest: +SKIP
+    >>> offsets = writer.add("utt1", opus_bytes, json_bytes)
+    >>> writer.close()
+    """
+
+    def __init__(self, path):
+        self.path = path
+        self.tar = tarfile.open(path, "w", format=tarfile.GNU_FORMAT)
+        self.samples = 0
+
+    @property
+    def size(self):
+        """Bytes the finished tar will take if closed now (end-of-archive blocks and record padding)."""
+        return self.tar.offset + tarfile.RECORDSIZE
+
+    @staticmethod
+    def bytes_needed(key, opus, json_bytes):
+        """Upper bound of the bytes one sample adds: two headers and two 512-padded bodies."""
+        header = 512 * (1 + (len(key) + 5 > 99) * 3)  # GNU long names take extra blocks
+        return 2 * header + _padded(len(opus)) + _padded(len(json_bytes))
+
+    def add(self, key, opus, json_bytes):
+        """Append ``{key}.opus`` and ``{key}.json``; return their (offset, size, offset, size)."""
+        opus_offset = self._add_member(f"{key}.opus", opus)
+        json_offset = self._add_member(f"{key}.json", json_bytes)
+        self.samples += 1
+        return opus_offset, len(opus), json_offset, len(json_bytes)
+
+    def _add_member(self, name, data):
+        info = tarfile.TarInfo(name)
+        info.size, info.mtime, info.mode = len(data), 0, 0o644  # fixed mtime: reproducible shards
+        header = info.tobuf(self.tar.format, self.tar.encoding, self.tar.errors)
+        data_offset = self.tar.offset + len(header)
+        self.tar.addfile(info, io.BytesIO(data))
+        return data_offset
+
+    def close(self):
+        self.tar.close()
+
+
+def _padded(size):
+    return (size + 511) // 512 * 512
+

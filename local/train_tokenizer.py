@@ -1,0 +1,118 @@
+#!/usr/bin/env python3
+"""Train a SentencePiece tokenizer on the texts of a shard folder's parquet.
+
+    python local/train_tokenizer.py SHARD_DIR OUT_DIR --vocab-size N [--model-type unigram|bpe|char]
+
+Writes OUT_DIR/{model_type}_{vocab_size}.model and .vocab. Ids are fixed so the recipes can rely on
+them: 0 = <blank> (padding and the CTC blank), 1 = <s>, 2 = </s>, 3 = <unk>, then the --user-symbols
+(language tags, <mask>, ...), then the learned pieces. Training is deterministic: the same texts and
+options give the same model (one thread, no sampling of the input).
+"""
+
+import argparse
+import json
+import logging
+import os
+import sys
+import tempfile
+
+import sentencepiece as spm
+
+sys.path.insert(0, os.path.join(os.path.dirname(os.path.abspath(__file__)), ".."))
+from common.atomic import atomic_path  # noqa: E402
+from common.shard_format import CORE_PARQUET, POOL_PARQUET, read_metadata  # noqa: E402
+
+logger = logging.getLogger("train_tokenizer")
+SPECIAL_PIECES = {"pad_id": 0, "bos_id": 1, "eos_id": 2, "unk_id": 3}
+
+
+def parse_args(argv=None):
+    parser = argparse.ArgumentParser(description="Train a SentencePiece tokenizer on shard texts.",
+                                     formatter_class=argparse.ArgumentDefaultsHelpFormatter)
+    parser.add_argument("shard_dir", nargs="+", help="shard folder(s) whose parquet texts are used")
+    parser.add_argument("out_dir", help="folder for the .model and .vocab files (created)")
+    parser.add_argument("--vocab-size", type=int, required=True, help="pieces, special ones included")
+    parser.add_argument("--model-type", default="unigram", choices=("unigram", "bpe", "char"))
+    parser.add_argument("--metadata", default="pool", choices=("pool", "core"),
+                        help="which parquet's texts to train on")
+    parser.add_argument("--text-field", default="text",
+                        help="parquet column or key of the 'extra' json to read (e.g. translation)")
+    parser.add_argument("--user-symbols", default="", help="comma-separated pieces kept whole, "
+                        "e.g. '<en>,<de>,<mask>'")
+    parser.add_argument("--character-coverage", type=float, default=1.0,
+                        help="share of characters covered; lower (0.9995) for large alphabets")
+    return parser.parse_args(argv)
+
+
+def read_texts(shard_dirs, metadata="pool", text_field="text"):
+    """All non-empty texts of ``text_field`` in the chosen parquet of each shard folder."""
+    name = POOL_PARQUET if metadata == "pool" else CORE_PARQUET
+    texts = []
+    for shard_dir in shard_dirs:
+        table = read_metadata(os.path.join(shard_dir, name))
+        if text_field in table.column_names:
+            texts += table.column(text_field).to_pylist()
+        else:
+            texts += [json.loads(extra).get(text_field) for extra in table.column("extra").to_pylist()]
+    texts = [t.strip() for t in texts if isinstance(t, str) and t.strip()]
+    if not texts:
+        raise ValueError(f"no '{text_field}' text found in {name} of {', '.join(shard_dirs)}")
+    return texts
+
+
+def train_tokenizer(texts, out_dir, vocab_size, model_type="unigram", user_symbols=(),
+                    character_coverage=1.0):
+    """Train on ``texts``; returns the .model path. Raises ValueError when vocab_size cannot be met."""
+    os.makedirs(out_dir, exist_ok=True)
+    _check_vocab_size(texts, vocab_size, model_type, user_symbols)
+    prefix = os.path.join(out_dir, f"{model_type}_{vocab_size}")
+    with tempfile.TemporaryDirectory(dir=out_dir) as work:
+        corpus = os.path.join(work, "texts.txt")
+        with open(corpus, "w", encoding="utf-8") as handle:
+            handle.writelines(t + "\n" for t in texts)
+        try:
+            spm.SentencePieceTrainer.train(
+                input=corpus, model_prefix=os.path.join(work, "sp"), vocab_size=vocab_size,
+                model_type=model_type, character_coverage=character_coverage,
+                user_defined_symbols=list(user_symbols), pad_piece="<blank>", num_threads=1,
+                hard_vocab_limit=model_type != "char", input_sentence_size=0,
+                shuffle_input_sentence=False, minloglevel=2, **SPECIAL_PIECES)
+        except RuntimeError as error:
+            raise ValueError(f"SentencePiece could not train a {model_type} vocabulary of "
+                             f"{vocab_size}: {error}. Lower --vocab-size.") from error
+        for extension in ("model", "vocab"):
+            with atomic_path(f"{prefix}.{extension}") as temporary:
+                os.replace(os.path.join(work, f"sp.{extension}"), temporary)
+    return prefix + ".model"
+
+
+def _check_vocab_size(texts, vocab_size, model_type, user_symbols):
+    """Fail early, with the numbers, when the text cannot support ``vocab_size`` pieces."""
+    specials = len(SPECIAL_PIECES) + len(user_symbols)
+    characters = len(set("".join(texts).replace(" ", "▁")))
+    if model_type == "char" and vocab_size != characters + specials:
+        raise ValueError(f"--vocab-size {vocab_size} does not fit a char model of this text: it has "
+                         f"{characters} characters + {specials} special pieces = "
+                         f"{characters + specials}; pass --vocab-size {characters + specials}")
+    if model_type != "char" and vocab_size <= characters + specials:
+        raise ValueError(f"--vocab-size {vocab_size} is too small: the text has {characters} distinct "
+                         f"characters and there are {specials} special pieces; use more than "
+                         f"{characters + specials} or --model-type char")
+
+
+def main(argv=None):
+    logging.basicConfig(level=logging.INFO, format="%(asctime)s %(name)s: %(message)s")
+    args = parse_args(argv)
+    symbols = [s for s in args.user_symbols.split(",") if s]
+    try:
+        texts = read_texts(args.shard_dir, args.metadata, args.text_field)
+        model = train_tokenizer(texts, args.out_dir, args.vocab_size, args.model_type, symbols,
+                                args.character_coverage)
+    except (FileNotFoundError, ValueError) as error:
+        print(f"error: {error}", file=sys.stderr)
+        sys.exit(2)
+    logger.info("trained %s %d on %d texts -> %s", args.model_type, args.vocab_size, len(texts), model)
+
+
+if __name__ == "__main__":
+    main()

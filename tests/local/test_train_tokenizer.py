@@ -1,0 +1,46 @@
+"""local/train_tokenizer.py: fixed special ids, determinism, clear errors for impossible sizes."""
+
+import pytest
+import sentencepiece as spm
+
+from local.train_tokenizer import main, read_texts, train_tokenizer
+
+TEXTS = [f"the {a} {n} sees {b} {m}" for a in ("red", "blue", "old", "green") for b in ("a", "one")
+         for n in ("cat", "dog", "bird") for m in ("tree", "house", "river")]
+
+
+def test_special_ids_are_fixed(tmp_path):
+    """0 <blank>, 1 <s>, 2 </s>, 3 <unk>, then the user symbols: the recipes rely on these ids."""
+    model = train_tokenizer(TEXTS, tmp_path, 28, "unigram", user_symbols=["<en>", "<mask>"])
+    sp = spm.SentencePieceProcessor(model_file=model)
+    assert [sp.id_to_piece(i) for i in range(6)] == ["<blank>", "<s>", "</s>", "<unk>", "<en>", "<mask>"]
+    assert sp.decode(sp.encode("the red cat sees a tree")) == "the red cat sees a tree"
+
+
+@pytest.mark.parametrize("model_type,size", [("unigram", 28), ("bpe", 28), ("char", 21)])
+def test_training_is_deterministic(tmp_path, model_type, size):
+    """The same texts and options give the same pieces with the same scores (the model file differs
+    only in the temporary paths SentencePiece records)."""
+    models = [spm.SentencePieceProcessor(model_file=train_tokenizer(TEXTS, tmp_path / d, size,
+                                                                    model_type)) for d in "ab"]
+    pieces = [[(m.id_to_piece(i), m.get_score(i)) for i in range(m.vocab_size())] for m in models]
+    assert pieces[0] == pieces[1] and len(pieces[0]) == size
+
+
+def test_vocab_larger_than_the_text_supports_is_a_clear_error(tmp_path):
+    """Asking for more pieces than the text holds fails with the size and what to do."""
+    with pytest.raises(ValueError, match="Lower --vocab-size"):
+        train_tokenizer(TEXTS, tmp_path, 5000, "unigram")
+    with pytest.raises(ValueError, match="pass --vocab-size 21"):
+        train_tokenizer(TEXTS, tmp_path, 40, "char")
+
+
+def test_trains_from_a_shard_folder(make_shard_dir, tmp_path):
+    """The command reads the parquet's texts; a missing folder is exit 2 with the reason."""
+    out = make_shard_dir(num_samples=6)
+    assert len(read_texts([str(out)])) == 6
+    main([str(out), str(tmp_path / "tok"), "--vocab-size", "19", "--model-type", "char"])
+    assert (tmp_path / "tok" / "char_19.model").is_file()
+    with pytest.raises(SystemExit) as raised:
+        main([str(tmp_path / "nowhere"), str(tmp_path / "tok"), "--vocab-size", "16"])
+    assert raised.value.code == 2
