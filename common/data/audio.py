@@ -5,19 +5,17 @@ decodes only the members its plan asks for. A truncated tar or an undecodable me
 warning and counted in ``BadDataCounts``; the epoch goes on.
 """
 
-import io
 import logging
 from collections import Counter
 
 import numpy as np
-import soundfile
 import torch
 import torchaudio.functional
 from webdataset.tariterators import tar_file_iterator
 
-logger = logging.getLogger(__name__)
+from common.audio import SAMPLE_RATE, decode_opus
 
-SAMPLE_RATE = 16000  # Hz, fixed by the shard contract
+logger = logging.getLogger(__name__)
 
 
 class BadDataCounts(Counter):
@@ -29,12 +27,12 @@ class BadDataCounts(Counter):
         logger.warning("skipped (%s): %s", kind, message)
 
 
-def decode_opus(data):
-    """Decode Ogg Opus bytes into a float32 mono waveform tensor at 16 kHz, shape [samples]."""
-    waveform, rate = soundfile.read(io.BytesIO(data), dtype="float32")
+def decode_waveform(data):
+    """Decode a shard's Ogg Opus member into a float32 waveform tensor at 16 kHz, shape [samples]."""
+    waveform, rate = decode_opus(data)
     if rate != SAMPLE_RATE:
         raise ValueError(f"sample rate {rate} Hz, shards hold {SAMPLE_RATE} Hz audio: rewrite the shard")
-    return torch.from_numpy(waveform if waveform.ndim == 1 else waveform.mean(axis=1))
+    return torch.from_numpy(waveform)
 
 
 def speed_perturb(waveform, speed):
@@ -68,14 +66,9 @@ def decoded_audio(path, wanted, bad_data):
         if extension != "opus" or key not in wanted:
             continue
         try:
-            yield key, decode_opus(data)
+            yield key, decode_waveform(data)
         except Exception as error:  # soundfile raises RuntimeError / LibsndfileError on bad data
             bad_data.record("undecodable", f"{key} in {path}: {error}")
-
-
-def duration_seconds(waveform):
-    """Duration of a 16 kHz waveform in seconds."""
-    return len(waveform) / SAMPLE_RATE
 
 
 def choose_speeds(count, speeds, rng):

@@ -52,8 +52,11 @@ def batch_sizes_for_heads(head_lengths, budget, max_batch_size=None):
     return np.maximum(sizes, 1)
 
 
-def cut_sorted(lengths_desc, budget, max_batch_size=None):
+def cut_sorted(lengths_desc, budget, max_batch_size=None, offset=0):
     """Cut lengths sorted in descending order into consecutive batches, each as full as allowed.
+
+    A non-zero ``offset`` makes the first batch ``lengths_desc[:offset]`` (not full) and shifts every
+    later cut, so the same lengths are grouped differently (batch composition varies across epochs).
 
     Returns
     -------
@@ -63,13 +66,13 @@ def cut_sorted(lengths_desc, budget, max_batch_size=None):
         Whether batch ``j`` holds as many items as its longest item allows.
     """
     sizes = batch_sizes_for_heads(lengths_desc, budget, max_batch_size)
-    starts = []
-    start, n = 0, len(lengths_desc)
+    starts = [0] if 0 < offset < len(lengths_desc) else []
+    start, n = (offset if starts else 0), len(lengths_desc)
     while start < n:
         starts.append(start)
         start += int(sizes[start])
     starts = np.asarray(starts, dtype=np.int64)
-    ends = np.minimum(starts + sizes[starts], n)
+    ends = np.append(starts[1:], n)
     return starts, ends, (ends - starts) == sizes[starts]
 
 
@@ -123,7 +126,8 @@ def buffered_batches(
         held = np.concatenate([held, np.arange(position, position + taken)])
         position += taken
         held = held[np.argsort(-lengths[held], kind="stable")]
-        starts, ends, full = cut_sorted(lengths[held], budget, max_batch_size)
+        offset = int(rng.integers(0, batch_sizes_for_heads(lengths[held[:1]], budget, max_batch_size)[0]))
+        starts, ends, full = cut_sorted(lengths[held], budget, max_batch_size, offset)
         if position >= len(lengths):  # stream ended: flush everything
             chosen = np.arange(len(starts))
         else:
