@@ -2,8 +2,8 @@
 
 Token ids follow the tokenizer contract: 0 <blank> (CTC blank, padding), 1 <s>, 2 </s>, 3 <unk>.
 
-A train.py builds the searcher once (or in its yaml with ``!new:common.decoding.build_beam_searcher``)
-and calls it per batch::
+A train.py builds the searcher once (or in its yaml with
+``!apply:common.decoding.build_beam_searcher``) and calls it per batch::
 
     searcher = build_beam_searcher(model, beam_size=10, ctc_weight=0.4)
     enc_states = model.encode(wavs, wav_lens)
