@@ -1,8 +1,8 @@
 """Evaluation metrics: WER and CER with per-utterance alignments, BLEU for translation.
 
 Word and character error rates come from ``speechbrain.utils.metric_stats.ErrorRateStats``;
-BLEU from sacrebleu (SpeechBrain's ``BLEUStats`` wrapper cannot be imported without flair). A Brain keeps one ``TranscriptMetrics`` per
-evaluation stage::
+BLEU from sacrebleu (SpeechBrain's ``BLEUStats`` cannot be imported without flair).
+A Brain keeps one ``TranscriptMetrics`` per evaluation stage::
 
     metrics = TranscriptMetrics(bleu=False)
     metrics.append(batch.id, hypotheses, batch.text)       # per batch, lists of str

@@ -1,4 +1,4 @@
-"""Speech encoder-decoder: Fbank → normalization → conv front-end → Conformer → CTC / attention heads.
+"""Speech encoder-decoder: Fbank → normalization → conv front-end → Conformer → CTC / attention.
 
 The graph is assembled from SpeechBrain lobes passed in by the yaml (see
 ``recipes/hparams/model/conformer.yaml``); this class only fixes how they connect and
@@ -117,7 +117,7 @@ class SpeechEncoderDecoder(torch.nn.Module):
         return torch.log_softmax(self.ctc_lin(enc_states), dim=-1)
 
     def forward(self, wavs, wav_lens, tokens_bos, epoch=None) -> EncoderDecoderOutput:
-        """Teacher-forced pass: both heads' log-probabilities for ``tokens_bos`` ([bos] + tokens)."""
+        """Teacher-forced pass: both heads' log-probs given ``tokens_bos`` ([bos] + tokens)."""
         src = self.frontend(self.extract_features(wavs, wav_lens, epoch))
         enc_states, dec_states = self.transformer(src, tokens_bos, wav_lens, pad_idx=PAD_INDEX)
         seq_log_probs = torch.log_softmax(self.seq_lin(dec_states), dim=-1)

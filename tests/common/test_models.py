@@ -6,7 +6,8 @@ import pytest
 import torch
 from hyperpyyaml import load_hyperpyyaml
 
-GRAPH_YAML = pathlib.Path(__file__).parents[2] / "recipes" / "hparams" / "model" / "conformer.yaml"
+REPO_ROOT = pathlib.Path(__file__).parents[2]
+GRAPH_YAML = REPO_ROOT / "recipes" / "hparams" / "model" / "conformer.yaml"
 TINY = {"vocab_size": 11, "d_model": 16, "nhead": 2, "num_encoder_layers": 1,
         "num_decoder_layers": 1, "d_ffn": 32, "n_mels": 20, "frontend_channels": 4,
         "frontend_out_channels": 4}
