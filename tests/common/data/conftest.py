@@ -50,7 +50,11 @@ def tone_shards(tmp_path_factory):
 @pytest.fixture(scope="session")
 def tokenizer_model(tmp_path_factory):
     """A SentencePiece model with the tokenizer contract's ids (0 pad/blank, 1 bos, 2 eos, 3 unk)."""
-    out_dir = tmp_path_factory.mktemp("tokenizer")
+    return train_tiny_tokenizer(tmp_path_factory.mktemp("tokenizer"))
+
+
+def train_tiny_tokenizer(out_dir):
+    """Train a 30-piece unigram model on WORDS with language tags <en>, <fr>; return its path."""
     rng = np.random.default_rng(0)
     lines = [" ".join(rng.choice(WORDS, 6)) for _ in range(300)]
     sentencepiece.SentencePieceTrainer.train(

@@ -1,0 +1,98 @@
+"""Loader benchmark: audio seconds per second of the whole loader (tar -> opus decode -> fbank -> batch).
+
+Writes ~8 min of tone shards to a temporary folder, then measures in one run:
+- limit: two independent processes, each decoding + fbank'ing half of the shards (no loader);
+- tandem with 0, 1, 2 workers, fbank in the workers;
+- tandem with 2 workers, fbank in the main process (as a Brain would in compute_forward).
+
+    python bench/loader.py [--json]
+"""
+
+import argparse
+import json
+import logging
+import sys
+import tempfile
+import time
+from multiprocessing import get_context
+from pathlib import Path
+
+import torch
+
+sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
+from speechbrain.lobes.features import Fbank  # noqa: E402
+
+from common.data import make_speech_loader  # noqa: E402
+from common.data.audio import BadDataCounts, decoded_audio  # noqa: E402
+from common.data.metadata import read_speech_metadata  # noqa: E402
+from tests.common.data.conftest import train_tiny_tokenizer, write_shards  # noqa: E402  (contract-exact)
+
+logger = logging.getLogger(__name__)
+torch.set_num_threads(1)  # one core per process, as dataloader workers run
+
+
+def decode_and_fbank(shard_paths):
+    """Decode every utterance of the shards and compute fbank one by one; returns audio seconds."""
+    torch.set_num_threads(1)
+    fbank, seconds = Fbank(n_mels=80), 0.0
+    for path in shard_paths:
+        for _, waveform in decoded_audio(path, _Everything(), BadDataCounts()):
+            with torch.no_grad():
+                fbank(waveform[None])
+            seconds += len(waveform) / 16000
+    return seconds
+
+
+class _Everything:
+    """A set that holds every key (decode all members)."""
+
+    def __contains__(self, key):
+        return True
+
+
+def independent_limit(shard_paths):
+    """Audio s/s of two processes decoding + fbank'ing half of the shards each."""
+    halves = [shard_paths[0::2], shard_paths[1::2]]
+    with get_context("fork").Pool(2) as pool:
+        start = time.perf_counter()
+        seconds = sum(pool.map(decode_and_fbank, halves))
+    return seconds / (time.perf_counter() - start)
+
+
+def loader_rate(parquet, tokenizer, workers, features_in_worker):
+    """Audio s/s of one epoch of the speech loader."""
+    fbank = Fbank(n_mels=80)
+    loader = make_speech_loader(parquet, tokenizer, 120.0, num_workers=workers,
+                                features=fbank if features_in_worker else None)
+    seconds, start = 0.0, time.perf_counter()
+    for batch in loader:
+        if not features_in_worker:
+            with torch.no_grad():
+                fbank(batch.sig.data)
+        seconds += float((batch.sig.lengths * batch.sig.data.shape[1]).sum()) / 16000
+    return seconds / (time.perf_counter() - start)
+
+
+def main(argv=None):
+    parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    parser.add_argument("--json", action="store_true", help="end with one JSON line of the figures")
+    args = parser.parse_args(argv)
+    with tempfile.TemporaryDirectory() as folder:
+        folder = Path(folder)
+        parquet = write_shards(folder, [12] * 8, min_seconds=2.0, max_seconds=8.0)
+        tokenizer = train_tiny_tokenizer(folder)
+        limit = independent_limit(read_speech_metadata(parquet).shard_paths)
+        rows = {f"tandem_{w}_workers": (w, loader_rate(parquet, tokenizer, w, True)) for w in (0, 1, 2)}
+        rows["tandem_2_workers_fbank_in_main"] = (2, loader_rate(parquet, tokenizer, 2, False))
+    print(f"{'loader':32} {'workers':>7} {'audio s/s':>10} {'vs 2-process limit':>18}")
+    print(f"{'limit: 2 independent processes':32} {2:7d} {limit:10.1f} {1.0:18.3f}")
+    for name, (workers, rate) in rows.items():
+        print(f"{name:32} {workers:7d} {rate:10.1f} {rate / limit:18.3f}")
+    if args.json:
+        print(json.dumps({name: {"audio_s_per_s": round(rate, 1), "workers": workers,
+                                 "limit_audio_s_per_s": round(limit, 1)} for name, (workers, rate) in rows.items()}))
+
+
+if __name__ == "__main__":
+    logging.basicConfig(level=logging.WARNING)
+    main()
