@@ -118,7 +118,7 @@ def collate(samples, features=None):
 
 def frames_of(feats, relative_lengths):
     """Split padded features [B, frames, dims] into per-sample tensors without padding frames."""
-    frames = torch.round(relative_lengths * feats.shape[1]).long().clamp(min=1)
+    frames = torch.ceil(relative_lengths * feats.shape[1] - 1e-6).long().clamp(min=1)
     return [f[:n] for f, n in zip(feats, frames)]
 
 

@@ -1,0 +1,40 @@
+"""common/data/pipeline.py: metadata filters, token fields, collation with worker-side features."""
+
+import numpy as np
+import pytest
+import torch
+from speechbrain.lobes.features import Fbank
+
+from common.data.pipeline import collate, keep_mask, speech_sample, token_fields
+
+
+def test_filters_drop_by_duration_token_count_and_rate():
+    """Rows outside 1-10 s, over 5 tokens, or over 2 tokens/s are dropped; the rest kept."""
+    durations = np.array([0.5, 2.0, 12.0, 2.0, 1.0])
+    tokens = np.array([1, 3, 3, 6, 3])
+    keep = keep_mask(durations, tokens, {"min_duration": 1.0, "max_duration": 10.0, "max_tokens": 5,
+                                         "max_tokens_per_second": 2.0})
+    assert keep.tolist() == [False, True, False, False, False]
+
+
+def test_unknown_filter_names_the_valid_ones():
+    """A typo in the yaml filters block is refused with the list of valid names."""
+    with pytest.raises(ValueError, match="max_duration"):
+        keep_mask(np.ones(2), np.ones(2), {"max_durration": 3})
+
+
+def test_token_fields_add_bos_and_eos():
+    """tokens_bos = [1] + tokens, tokens_eos = tokens + [2]."""
+    fields = token_fields([5, 6])
+    assert fields["tokens_bos"].tolist() == [1, 5, 6] and fields["tokens_eos"].tolist() == [5, 6, 2]
+
+
+def test_worker_features_match_per_utterance_features():
+    """feats of the shorter utterance equal Fbank of that utterance alone (padding does not leak)."""
+    rng = np.random.default_rng(0)
+    waves = [torch.from_numpy(rng.standard_normal(n).astype(np.float32)) for n in (16000, 8000)]
+    batch = collate([speech_sample(f"k{i}", w, "a", [4]) for i, w in enumerate(waves)], Fbank(n_mels=20))
+    alone = Fbank(n_mels=20)(waves[1][None])[0]
+    frames = int(round(batch.feats.lengths[1].item() * batch.feats.data.shape[1]))
+    assert frames == alone.shape[0]
+    assert torch.allclose(batch.feats.data[1, :frames], alone, atol=1e-4)
