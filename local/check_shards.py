@@ -13,13 +13,13 @@ printed on its own line (shard, key, what is wrong).
 import argparse
 import json
 import logging
-import multiprocessing
 import os
 import sys
 import tarfile
 
 sys.path.insert(0, os.path.join(os.path.dirname(os.path.abspath(__file__)), ".."))
 from common.audio import SAMPLE_RATE, decode_opus  # noqa: E402
+from common.parallel import process_pool  # noqa: E402
 from common.shard_format import CORE_PARQUET, METADATA_SCHEMA, POOL_PARQUET, read_metadata  # noqa: E402
 
 logger = logging.getLogger("check_shards")
@@ -122,7 +122,7 @@ def check_folder(shard_dir, jobs=1):
     if not pool_table.schema.equals(METADATA_SCHEMA):
         problems.append(f"{POOL_PARQUET}: schema {pool_table.schema} differs from the expected one")
     tars = sorted(os.path.join(shard_dir, f) for f in os.listdir(shard_dir) if f.endswith(".tar"))
-    with multiprocessing.get_context("fork").Pool(max(1, jobs)) as pool:
+    with process_pool(jobs) as pool:
         results = pool.map(check_shard, tars)
     shard_samples = {name: samples for name, samples, _ in results}
     problems += [p for _, _, shard_problems in results for p in shard_problems]

@@ -26,7 +26,6 @@ import glob
 import hashlib
 import json
 import logging
-import multiprocessing
 import os
 import sys
 import time
@@ -35,6 +34,7 @@ sys.path.insert(0, os.path.join(os.path.dirname(os.path.abspath(__file__)), ".."
 from tqdm import tqdm  # noqa: E402
 
 from common.atomic import atomic_write_text  # noqa: E402
+from common.parallel import process_pool  # noqa: E402
 from common.audio import SAMPLE_RATE, AudioError, encode_opus, read_audio  # noqa: E402
 from common.shard_format import (CORE_PARQUET, POOL_PARQUET, SHARD_NAME_FORMAT,  # noqa: E402
                                  ShardWriter, metadata_row, sample_json, write_metadata)
@@ -80,11 +80,6 @@ def encode_entry(entry, max_duration_s):
     duration = len(audio) / SAMPLE_RATE
     sample = sample_json(entry.text, duration, entry.source(), entry.fields)
     return entry.key, opus, json.dumps(sample, ensure_ascii=False).encode("utf-8"), duration
-
-
-def _init_worker():
-    import torch
-    torch.set_num_threads(1)  # one process per core; torch's own threads would oversubscribe
 
 
 class ShardAssembler:
@@ -164,8 +159,7 @@ def load_sealed(out_dir, prefix, fingerprint):
 def encode_all(entries, args, assembler, start):
     """Encode entries[start:] in parallel and feed them, in order, to the assembler."""
     jobs = [(entry, args.max_duration) for entry in entries[start:]]
-    context = multiprocessing.get_context("fork")
-    with context.Pool(max(1, args.jobs), initializer=_init_worker) as pool:
+    with process_pool(args.jobs) as pool:
         results = pool.imap(_encode_job, jobs, chunksize=4)
         for offset, result in enumerate(tqdm(results, total=len(jobs), unit="utt", desc="encoding",
                                              disable=None)):

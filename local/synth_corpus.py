@@ -21,7 +21,6 @@ import logging
 import os
 import subprocess
 import sys
-from concurrent.futures import ProcessPoolExecutor
 
 import numpy as np
 import soundfile as sf
@@ -29,6 +28,7 @@ import soundfile as sf
 sys.path.insert(0, os.path.join(os.path.dirname(os.path.abspath(__file__)), ".."))
 from common.audio import SAMPLE_RATE, to_mono_rate  # noqa: E402
 from common.atomic import atomic_write_text  # noqa: E402
+from common.parallel import process_pool  # noqa: E402
 
 logger = logging.getLogger("synth_corpus")
 
@@ -166,8 +166,8 @@ def main(argv=None):
     for split in ("train", "dev", "test"):
         os.makedirs(os.path.join(args.out_dir, "wav", split), exist_ok=True)
     jobs = [(u, os.path.join(args.out_dir, "wav", u["split"], u["id"] + ".wav")) for u in plan]
-    with ProcessPoolExecutor(max_workers=max(1, args.jobs)) as pool:
-        durations = list(pool.map(_synthesize_job, jobs, chunksize=16))
+    with process_pool(args.jobs) as pool:
+        durations = pool.map(_synthesize_job, jobs, chunksize=16)
     for split in ("train", "dev", "test"):
         lines = [json.dumps({"id": u["id"], "audio": f"wav/{split}/{u['id']}.wav", "text": u["text"],
                              "speaker": u["voice"], "duration": round(d, 4)})

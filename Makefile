@@ -1,0 +1,32 @@
+# Tandem: every target is idempotent. `make demo` runs the main job on the built-in demo corpus,
+# `make test` runs the tests; both set up the environment first.
+PYTHON ?= python3
+VENV ?= .venv
+PY := $(VENV)/bin/python
+DEMO_DIR ?= data/demo
+
+.PHONY: setup system-packages demo test bench clean-demo
+
+setup: $(VENV)/.installed system-packages
+
+$(VENV)/.installed: requirements.txt
+	$(PYTHON) -m venv $(VENV)
+	$(PY) -m pip install --quiet --upgrade pip
+	$(PY) -m pip install --quiet -r requirements.txt
+	touch $@
+
+# espeak-ng synthesizes the demo corpus and the tests' speech.
+system-packages:
+	@bash local/install_system_packages.sh espeak-ng
+
+demo: setup
+	bash local/prepare_demo.sh $(DEMO_DIR)
+
+test: setup
+	$(PY) -m pytest
+
+bench: setup
+	$(PY) bench/encode.py
+
+clean-demo:
+	rm -rf $(DEMO_DIR)
