@@ -9,8 +9,10 @@ sentences; the test split is spoken by a voice never heard in training.
     python local/synth_corpus.py data/demo/corpus --num-train 1000 --num-dev 100 --num-test 100
 
 writes data/demo/corpus/{train,dev,test}.jsonl with lines
-{"id": ..., "audio": "wav/train/....wav", "text": ..., "speaker": ..., "duration": ...}
-(audio paths are relative to the manifest's folder). Deterministic from --seed; rerunning reuses the
+{"id": ..., "audio": "wav/train/....wav", "text": ..., "speaker": ..., "duration": ..., "lang": "en",
+"translation": ...} (audio paths are relative to the manifest's folder). The translation is the text in
+Pig Latin, a deterministic word-by-word "language" that gives the speech-translation recipe a target
+it can learn and BLEU can score. Deterministic from --seed; rerunning reuses the
 wav files already written.
 """
 
@@ -102,6 +104,14 @@ def read_sentences(path, count, rng):
     return [lines[i] for i in order]
 
 
+def pig_latin(text):
+    """'the red cat' -> 'ethay edray atcay': leading consonants move to the end, then 'ay'."""
+    def word(w):
+        first_vowel = next((i for i, c in enumerate(w) if c in "aeiou"), len(w))
+        return w + "way" if first_vowel == 0 else w[first_vowel:] + w[:first_vowel] + "ay"
+    return " ".join(word(w) for w in text.split())
+
+
 def plan_utterances(args):
     """Every utterance to synthesize as a dict: id, split, text, voice, speed (wpm), pitch, snr_db, seed."""
     rng = np.random.default_rng(args.seed)
@@ -170,7 +180,8 @@ def main(argv=None):
         durations = pool.map(_synthesize_job, jobs, chunksize=16)
     for split in ("train", "dev", "test"):
         lines = [json.dumps({"id": u["id"], "audio": f"wav/{split}/{u['id']}.wav", "text": u["text"],
-                             "speaker": u["voice"], "duration": round(d, 4)})
+                             "speaker": u["voice"], "duration": round(d, 4), "lang": "en",
+                             "translation": pig_latin(u["text"])})
                  for u, d in zip(plan, durations) if u["split"] == split]
         atomic_write_text(os.path.join(args.out_dir, f"{split}.jsonl"), "".join(l + "\n" for l in lines))
         hours = sum(d for u, d in zip(plan, durations) if u["split"] == split) / 3600

@@ -39,3 +39,11 @@ def test_same_seed_same_plan_and_a_rerun_is_identical(speech_corpus, tmp_path):
     before = (speech_corpus / "train.jsonl").read_text()
     main([str(speech_corpus), *args[1:], "--jobs", "1"])
     assert (speech_corpus / "train.jsonl").read_text() == before
+
+
+def test_translation_is_pig_latin_of_the_text(speech_corpus):
+    """Every utterance carries a deterministic word-by-word translation for the ST recipe."""
+    from local.synth_corpus import pig_latin
+    assert pig_latin("the old cat eats") == "ethay oldway atcay eatsway"
+    for utterance in read_split(speech_corpus, "train"):
+        assert utterance["translation"] == pig_latin(utterance["text"]) and utterance["lang"] == "en"
