@@ -29,10 +29,11 @@ class ShardStreamDataset(IterableDataset):
     Set ``slots`` (the rank's ``SlotPlan`` list), ``speeds`` and ``consumed`` before iterating.
     """
 
-    def __init__(self, metadata, tokenizer, features=None):
+    def __init__(self, metadata, tokenizer, features=None, prefix_ids=()):
         self.metadata = metadata
         self.tokenizer = tokenizer
         self.features = features
+        self.prefix_ids = list(prefix_ids)
         self.slots, self.speeds, self.consumed = [], None, 0
 
     def __iter__(self):
@@ -73,10 +74,11 @@ class ShardStreamDataset(IterableDataset):
         return WaveformStream(self.metadata, slot, wanted, bad_data)
 
     def make_sample(self, row, waveform):
-        """Per-sample steps: speed perturbation, tokenization, sample dict."""
+        """Per-sample steps: speed perturbation, tokenization (after the prefix tokens), sample dict."""
         text = self.metadata.texts[row]
         waveform = speed_perturb(waveform, float(self.speeds[row]))
-        return speech_sample(self.metadata.keys[row], waveform, text, self.tokenizer.encode(text))
+        tokens = self.prefix_ids + self.tokenizer.encode(text)
+        return speech_sample(self.metadata.keys[row], waveform, text, tokens)
 
 
 class WaveformStream:
@@ -187,6 +189,8 @@ def make_speech_loader(
     features=None,
     buffer_size=1024,
     emit_fraction=0.25,
+    text_field="text",
+    prefix_tokens=None,
 ):
     """Build the speech loader of one rank.
 
@@ -212,6 +216,12 @@ def make_speech_loader(
         Run on padded waveforms in the workers (e.g. ``speechbrain.lobes.features.Fbank``) -> ``feats``.
     buffer_size, emit_fraction
         Batching buffer (utterances held per worker) and tightness, see ``batching.buffered_batches``.
+    text_field : str
+        The target text: a parquet column (``text``) or a key of the ``extra`` JSON column, e.g.
+        ``translation`` for speech translation. Samples without it are left out (with a warning).
+    prefix_tokens : list of str or int, optional
+        Tokens put before every target, e.g. ``["<fr>"]`` (a target-language tag, a user symbol of
+        the tokenizer) or ids; ``tokens_bos`` becomes ``[1, tag, ...]``. Batch ``text`` stays plain.
 
     Returns
     -------
@@ -221,10 +231,13 @@ def make_speech_loader(
         ``tokens_eos`` (+ ``feats``).
     """
     tokenizer = tokenizer if isinstance(tokenizer, Tokenizer) else Tokenizer(tokenizer)
-    metadata = read_speech_metadata(parquets)
+    metadata = read_speech_metadata(parquets, text_field)
+    prefix_ids = [tokenizer.piece_id(t) if isinstance(t, str) else int(t) for t in prefix_tokens or []]
+    keep = texts_present(metadata.texts, text_field)
     if filters:
-        keep = keep_mask(metadata.durations, count_tokens(tokenizer, metadata.texts), filters)
-        metadata.shard_of_row = np.where(keep, metadata.shard_of_row, -1)
+        texts = np.where(keep, metadata.texts, "")
+        keep &= keep_mask(metadata.durations, count_tokens(tokenizer, texts) + len(prefix_ids), filters)
+    metadata.shard_of_row = np.where(keep, metadata.shard_of_row, -1)
     shortest_speed = min(speed_perturb or [1.0])
     used = metadata.durations[metadata.shard_of_row >= 0]
     if len(used) and used.max() / shortest_speed > max_batch_seconds:
@@ -234,5 +247,14 @@ def make_speech_loader(
         )
     batching = dict(budget=max_batch_seconds, max_batch_size=max_batch_size, buffer_size=buffer_size,
                     emit_fraction=emit_fraction)
-    dataset = ShardStreamDataset(metadata, tokenizer, features)
+    dataset = ShardStreamDataset(metadata, tokenizer, features, prefix_ids)
     return SpeechLoader(metadata, dataset, seed, rank, world_size, num_workers, batching, speed_perturb)
+
+
+def texts_present(texts, text_field):
+    """True where a sample has a ``text_field`` text; logs how many lack it."""
+    present = np.array([text is not None for text in texts], dtype=bool)
+    if not present.all():
+        logger.warning("%d of %d samples have no %r text and are left out", int((~present).sum()),
+                       len(present), text_field)
+    return present

@@ -23,8 +23,10 @@ def tone(seconds, rng):
     return wave.astype(np.float32)
 
 
-def write_shards(out_dir, shard_sizes, seed=0, prefix="shard", min_seconds=0.3, max_seconds=2.0):
-    """Write one tar per entry of ``shard_sizes`` (utterances) and ``metadata_pool.parquet``."""
+def write_shards(out_dir, shard_sizes, seed=0, prefix="shard", min_seconds=0.3, max_seconds=2.0,
+                 carried=lambda text: {}):
+    """Write one tar per entry of ``shard_sizes`` (utterances) and ``metadata_pool.parquet``;
+    ``carried(text)`` gives each sample's carried fields (e.g. a translation)."""
     rng = np.random.default_rng(seed)
     rows = []
     for index, size in enumerate(shard_sizes):
@@ -33,7 +35,8 @@ def write_shards(out_dir, shard_sizes, seed=0, prefix="shard", min_seconds=0.3, 
         for item in range(size):
             key = f"{prefix}_{index}_{item}"
             seconds = float(rng.uniform(min_seconds, max_seconds))
-            sample = sample_json(" ".join(rng.choice(WORDS, rng.integers(1, 8))), seconds, "tones", {})
+            text = " ".join(rng.choice(WORDS, rng.integers(1, 8)))
+            sample = sample_json(text, seconds, "tones", carried(text))
             offsets = writer.add(key, encode_opus(tone(seconds, rng)), json.dumps(sample).encode())
             rows.append(metadata_row(key, sample, shard_name, offsets))
         writer.close()

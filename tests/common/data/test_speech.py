@@ -98,3 +98,45 @@ def test_bad_data_is_skipped_counted_and_the_epoch_goes_on(tone_shards, tokenize
     assert len(loader) == len(clean)
     assert loader.bad_data["truncated_shard"] == 1 and loader.bad_data["undecodable"] == 1
     assert 42 - 12 - 1 <= len(set(keys)) < 42
+
+
+def reversed_translation(text):
+    """A stand-in translation: the words in reverse order."""
+    return {"translation": " ".join(reversed(text.split()))}
+
+
+def test_text_field_reads_a_key_of_the_extra_json_and_the_prefix_token_leads_the_targets(
+        tmp_path, tokenizer_model):
+    """text_field="translation" makes the batch text and tokens the translation; prefix_tokens=["<fr>"]
+    puts the tag's id first in tokens (so tokens_bos = [1, tag, ...]); the plain text stays untagged."""
+    from common.data import Tokenizer
+    from tests.common.data.conftest import write_shards
+
+    parquet = write_shards(tmp_path, [5, 4], carried=reversed_translation)
+    tokenizer = Tokenizer(tokenizer_model)
+    plain = {k: t for b in make_speech_loader(parquet, tokenizer, 5.0, num_workers=0) for k, t in zip(b.id, b.text)}
+    loader = make_speech_loader(parquet, tokenizer, 5.0, num_workers=0, text_field="translation",
+                                prefix_tokens=["<fr>"])
+    tag = tokenizer.piece_id("<fr>")
+    for batch in loader:
+        for i, (key, text) in enumerate(zip(batch.id, batch.text)):
+            assert text == reversed_translation(plain[key])["translation"]
+            length = int(round(batch.tokens.lengths[i].item() * batch.tokens.data.shape[1]))
+            assert batch.tokens.data[i, :length].tolist() == [tag] + tokenizer.encode(text)
+            assert batch.tokens_bos.data[i, :2].tolist() == [1, tag]
+
+
+def test_samples_without_the_text_field_are_left_out_and_an_unknown_field_names_the_known_ones(
+        tmp_path, tokenizer_model):
+    """Rows lacking the chosen field are not batched; a field no row has is an error listing fields."""
+    import pytest
+
+    from tests.common.data.conftest import write_shards
+
+    parquet = write_shards(tmp_path, [6], carried=lambda text: reversed_translation(text) if "a" in text else {})
+    loader = make_speech_loader(parquet, tokenizer_model, 5.0, num_workers=0, text_field="translation")
+    texts = [t for batch in loader for t in batch.text]
+    expected = [t for t in read_speech_metadata(parquet, "translation").texts if t is not None]
+    assert sorted(texts) == sorted(expected) and 0 < len(texts) < 6
+    with pytest.raises(ValueError, match="translaton.*'translation'"):
+        make_speech_loader(parquet, tokenizer_model, 5.0, num_workers=0, text_field="translaton")
