@@ -20,13 +20,15 @@ system-packages:
 	@bash local/install_system_packages.sh espeak-ng
 
 demo: setup
-	bash local/prepare_demo.sh $(DEMO_DIR)
+	bash recipes/finetune/run.sh --data $(DEMO_DIR)
 
 test: setup
 	$(PY) -m pytest
 
 bench: setup
 	$(PY) bench/encode.py
+	$(PY) bench/batching.py
+	$(PY) bench/loader.py
 
 clean-demo:
 	rm -rf $(DEMO_DIR)
