@@ -1,7 +1,7 @@
 #!/usr/bin/env python3
 """Shard-encoding throughput: local/make_shards.py with N jobs against N x the single-core rate.
 
-    python bench/encode.py [--utterances 160] [--jobs 1 2] [--json]
+    python bench/encode.py [--utterances 300] [--jobs 1 2] [--json]
 
 Synthesizes a small espeak-ng corpus, measures in this process how fast one core reads + encodes it
 to Opus (the work make_shards.py does per sample, without tar writing or process pools), then runs
@@ -18,8 +18,6 @@ import tempfile
 import time
 
 sys.path.insert(0, os.path.join(os.path.dirname(os.path.abspath(__file__)), ".."))
-import torch  # noqa: E402
-
 from common.audio import encode_opus, read_audio  # noqa: E402
 
 REPO = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
@@ -27,7 +25,6 @@ REPO = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 
 def single_core_rate(manifest):
     """Audio seconds per wall second for read + resample + Opus encode on one core."""
-    torch.set_num_threads(1)
     folder = os.path.dirname(manifest)
     with open(manifest, encoding="utf-8") as handle:
         paths = [os.path.join(folder, json.loads(line)["audio"]) for line in handle]
@@ -49,7 +46,7 @@ def make_shards_rate(manifest, out_dir, jobs, audio_s):
 
 def main():
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
-    parser.add_argument("--utterances", type=int, default=160, help="demo utterances to synthesize")
+    parser.add_argument("--utterances", type=int, default=300, help="demo utterances to synthesize")
     parser.add_argument("--jobs", type=int, nargs="+", default=[1, 2], help="make_shards --jobs values")
     parser.add_argument("--json", action="store_true", help="end with one JSON line of the figures")
     args = parser.parse_args()

@@ -14,12 +14,12 @@ Example
 """
 
 import io
+import math
 import os
 
 import numpy as np
+import scipy.signal
 import soundfile as sf
-import torch
-import torchaudio.functional
 
 SAMPLE_RATE = 16000
 
@@ -35,7 +35,7 @@ class AudioError(Exception):
 def read_audio(path, start_s=None, end_s=None, target_rate=SAMPLE_RATE, max_duration_s=None):
     """Read ``path`` (optionally the segment [start_s, end_s) in seconds) as float32 mono at target_rate.
 
-    Channels are averaged; other sample rates are resampled (bandlimited sinc, torchaudio). Audio
+    Channels are averaged; other sample rates are resampled (polyphase, Kaiser window). Audio
     longer than ``max_duration_s`` is refused from its header, before decoding. Raises AudioError:
     missing_audio, empty_audio, undecodable_audio, truncated_audio, zero_length_audio, too_long.
     """
@@ -63,8 +63,8 @@ def to_mono_rate(samples, rate, target_rate=SAMPLE_RATE):
     """Average the channels of ``samples`` [frames, channels] and resample to ``target_rate``."""
     mono = samples.mean(axis=1) if samples.ndim == 2 else samples
     if rate != target_rate:
-        mono = torchaudio.functional.resample(torch.from_numpy(np.ascontiguousarray(mono)), rate,
-                                              target_rate).numpy()
+        common = math.gcd(int(rate), int(target_rate))
+        mono = scipy.signal.resample_poly(mono, target_rate // common, int(rate) // common)
     return np.ascontiguousarray(mono, dtype=np.float32)
 
 
