@@ -1,5 +1,8 @@
 """Training objectives.
 
+``masked_unit_loss`` is HuBERT's masked prediction loss (pretraining, speech); ``sequence_loss`` the
+teacher-forced decoder term (pretraining, text; and the NLL half of the joint loss).
+
 ``joint_ctc_attention_loss`` is SpeechUT's ``ctc_ce`` criterion:
 ``loss = (1 - dec_weight) * CTC + dec_weight * label-smoothed NLL``, with the CTC and NLL
 terms from SpeechBrain (``speechbrain.nnet.losses``; its CTC always uses ``zero_infinity``).
@@ -94,11 +97,70 @@ def joint_ctc_attention_loss(
         seq_log_probs, tokens_eos_lens, ignore_prefix_tokens
     )
     ctc = ctc_loss(ctc_log_probs, tokens, wav_lens, tokens_lens, BLANK_INDEX)
+    decoder = sequence_loss(seq_log_probs, tokens_eos, tokens_eos_lens, label_smoothing)
+    return {
+        "loss": (1.0 - dec_weight) * ctc + dec_weight * decoder["loss"],
+        "ctc_loss": ctc.detach(),
+        "nll_loss": decoder["loss"].detach(),
+        "accuracy": decoder["accuracy"],
+    }
+
+
+def sequence_loss(seq_log_probs, tokens_eos, tokens_eos_lens, label_smoothing=0.1):
+    """Label-smoothed NLL of a teacher-forced decoder and its token accuracy.
+
+    Arguments
+    ---------
+    seq_log_probs : torch.Tensor
+        [batch, target_len, vocab] decoder log-probabilities (fed with ``tokens_bos``).
+    tokens_eos, tokens_eos_lens : torch.Tensor
+        Targets (``tokens + [eos]``, padded with 0) and their relative lengths.
+    label_smoothing : float
+        Probability mass spread uniformly over the vocabulary.
+
+    Returns
+    -------
+    dict
+        ``loss`` (to back-propagate) and ``accuracy`` (float in [0, 1]).
+    """
     nll = nll_loss(seq_log_probs, tokens_eos, tokens_eos_lens, label_smoothing=label_smoothing)
     correct, total = Accuracy(seq_log_probs, tokens_eos, tokens_eos_lens)
-    return {
-        "loss": (1.0 - dec_weight) * ctc + dec_weight * nll,
-        "ctc_loss": ctc.detach(),
-        "nll_loss": nll.detach(),
-        "accuracy": float(correct) / max(float(total), 1.0),
-    }
+    return {"loss": nll, "accuracy": float(correct) / max(float(total), 1.0)}
+
+
+def masked_unit_loss(unit_logits, units, frame_mask, unmasked_weight=0.0):
+    """HuBERT's masked prediction: cross-entropy against units on masked frames (+ unmasked ones).
+
+    Arguments
+    ---------
+    unit_logits : torch.Tensor
+        [batch, frames, n_units] unit-head logits.
+    units : torch.LongTensor
+        [batch, frames] target unit per frame; -1 on frames without a unit (padding).
+    frame_mask : torch.BoolTensor
+        [batch, frames], True where the encoder input was masked.
+    unmasked_weight : float
+        Weight of the unmasked frames' mean cross-entropy (HuBERT: 0, the masked-only loss).
+
+    Returns
+    -------
+    dict
+        ``loss`` = masked CE + ``unmasked_weight`` x unmasked CE (means over frames), and detached
+        ``masked_loss``, ``unmasked_loss``, ``masked_accuracy``, ``unmasked_accuracy`` for logging.
+    """
+    if unit_logits.shape[:2] != units.shape:
+        raise ValueError(f"unit logits of {tuple(unit_logits.shape[:2])} frames but units of "
+                         f"{tuple(units.shape)}: resample the units to the encoder frames first")
+    cross_entropy = torch.nn.functional.cross_entropy(
+        unit_logits.transpose(1, 2).float(), units.clamp(min=0), reduction="none")
+    correct = unit_logits.argmax(-1) == units
+    valid = units >= 0
+    result = {}
+    for name, frames in (("masked", valid & frame_mask), ("unmasked", valid & ~frame_mask)):
+        count = frames.sum().clamp(min=1)
+        result[f"{name}_loss"] = (cross_entropy * frames).sum() / count
+        result[f"{name}_accuracy"] = float((correct & frames).sum()) / float(count)
+    result["loss"] = result["masked_loss"] + unmasked_weight * result["unmasked_loss"]
+    result["masked_loss"], result["unmasked_loss"] = (result["masked_loss"].detach(),
+                                                      result["unmasked_loss"].detach())
+    return result

@@ -121,7 +121,10 @@ def read_unit_rows(folder, info):
 
 
 def units_at_frames(units, unit_lengths, num_frames, frame_rate_hz, unit_rate_hz):
-    """Resample padded units to another frame rate: the unit at the centre of each frame.
+    """Resample padded units to another frame rate: the unit under the centre of each frame.
+
+    Output frame ``i`` is centred on unit frame ``i * unit_rate_hz / frame_rate_hz``, as frame ``i``
+    of a 'same'-padded strided front-end is centred on its input frame ``i * stride``.
 
     Arguments
     ---------
@@ -139,8 +142,8 @@ def units_at_frames(units, unit_lengths, num_frames, frame_rate_hz, unit_rate_hz
     torch.LongTensor
         [batch, num_frames]; -1 where a frame lies past the sample's last unit.
     """
-    centres = (torch.arange(num_frames, dtype=torch.float64) + 0.5) * unit_rate_hz / frame_rate_hz
-    index = centres.floor().long().unsqueeze(0).expand(len(units), -1)
+    centres = torch.arange(num_frames, dtype=torch.float64) * unit_rate_hz / frame_rate_hz
+    index = centres.round().long().unsqueeze(0).expand(len(units), -1)
     inside = index < unit_lengths.unsqueeze(1).to(index.device)
     picked = units.gather(1, index.clamp(max=units.shape[1] - 1).to(units.device))
     return torch.where(inside.to(units.device), picked, torch.full_like(picked, -1))

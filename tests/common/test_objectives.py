@@ -101,3 +101,20 @@ def test_bad_dec_weight_is_rejected_with_its_value(batch):
     """A weight outside [0, 1] names itself in the error."""
     with pytest.raises(ValueError, match="dec_weight=1.5"):
         joint_ctc_attention_loss(**batch, dec_weight=1.5)
+
+
+def test_masked_unit_loss_is_cross_entropy_on_masked_frames_plus_weighted_unmasked():
+    """Masked CE = mean CE over masked frames with a unit; -1 frames count nowhere; the unmasked
+    term is added with its weight; accuracies count argmax hits per frame group."""
+    from common.objectives import masked_unit_loss
+    logits = torch.randn(2, 5, 4, generator=torch.Generator().manual_seed(1))
+    units = torch.tensor([[0, 1, 2, 3, -1], [3, 2, 1, -1, -1]])
+    mask = torch.tensor([[True, True, False, False, True], [False, True, True, False, False]])
+    ce = torch.nn.functional.cross_entropy(logits.transpose(1, 2), units.clamp(min=0), reduction="none")
+    masked = (units >= 0) & mask
+    unmasked = (units >= 0) & ~mask
+    out = masked_unit_loss(logits, units, mask, unmasked_weight=0.5)
+    assert torch.isclose(out["masked_loss"], ce[masked].mean())
+    assert torch.isclose(out["loss"], ce[masked].mean() + 0.5 * ce[unmasked].mean())
+    hits = logits.argmax(-1) == units
+    assert out["masked_accuracy"] == float(hits[masked].float().mean())

@@ -1,0 +1,79 @@
+"""common/models/pretraining.py: the pretraining passes over the shared graph keep its weight names."""
+
+import numpy as np
+import torch
+
+from common.masking import mask_spans
+from common.models.pretraining import (JointPretrainModel, PretrainHeads, decode_teacher_forced,
+                                      encode_embedded)
+from tests.common.test_models import fit_normalization, load_graph
+
+N_UNITS = 9
+
+
+def pretrain_model():
+    graph = load_graph(spec_augment_prob=0.0, dropout=0.0)
+    return JointPretrainModel(graph["model"], PretrainHeads(16, N_UNITS))
+
+
+def test_encode_embedded_equals_the_transformer_encoder_after_its_input_projection():
+    """The text/masked path reuses the encoder exactly: same states as TransformerASR.encode."""
+    joint = pretrain_model()
+    wavs, wav_lens = torch.randn(2, 16000), torch.tensor([1.0, 0.6])
+    model = fit_normalization(joint.model, wavs, wav_lens)
+    src = model.frontend(model.extract_features(wavs, wav_lens))
+    projected = model.transformer.custom_src_module(src.flatten(start_dim=2))
+    assert torch.allclose(encode_embedded(model.transformer, projected, wav_lens)[0],
+                          model.encode(wavs, wav_lens), atol=1e-5)
+
+
+def test_teacher_forced_decoding_equals_the_graph_forward():
+    """Speech through encode_embedded + decode_teacher_forced = SpeechEncoderDecoder.forward."""
+    joint = pretrain_model()
+    wavs, wav_lens = torch.randn(2, 16000), torch.tensor([1.0, 0.6])
+    model = fit_normalization(joint.model, wavs, wav_lens)
+    tokens_bos = torch.tensor([[1, 4, 5], [1, 6, 0]])
+    src = model.frontend(model.extract_features(wavs, wav_lens))
+    states, padding = encode_embedded(model.transformer,
+                                      model.transformer.custom_src_module(src.flatten(start_dim=2)), wav_lens)
+    dec = decode_teacher_forced(model.transformer, tokens_bos, states, padding)
+    expected = model(wavs, wav_lens, tokens_bos).seq_log_probs
+    assert torch.allclose(torch.log_softmax(model.seq_lin(dec), -1), expected, atol=1e-5)
+
+
+def test_fully_masked_speech_does_not_depend_on_the_audio():
+    """With every frame masked the encoder sees only mask embeddings: two different inputs give the
+    same unit logits; with spans masked they differ. Shapes: [batch, 26 frames, n_units]."""
+    joint = pretrain_model()
+    wav_lens = torch.ones(2)
+    fit_normalization(joint.model, torch.randn(2, 16000), wav_lens)
+    everything = lambda lengths, frames: torch.ones(len(lengths), frames, dtype=torch.bool)  # noqa: E731
+    a, b = torch.randn(2, 16000), torch.randn(2, 16000)
+    out_a, out_b = (joint("speech", w, wav_lens, everything) for w in (a, b))
+    assert out_a.unit_logits.shape == (2, 26, N_UNITS)
+    assert torch.allclose(out_a.unit_logits, out_b.unit_logits, atol=1e-5)
+    spans = lambda lengths, frames: mask_spans(lengths, frames, 0.3, 3, np.random.default_rng(0))  # noqa: E731
+    assert not torch.allclose(joint("speech", a, wav_lens, spans).unit_logits,
+                              joint("speech", b, wav_lens, spans).unit_logits)
+
+
+def test_text_pass_trains_the_shared_embedding_encoder_and_decoder():
+    """A text batch yields decoder log-probs [batch, target + 1, vocab] and gradients in the token
+    embedding, the encoder, the decoder and seq_lin (none in the speech front-end)."""
+    joint = pretrain_model()
+    src, src_lens = torch.tensor([[4, 5, 6, 7], [8, 9, 0, 0]]), torch.tensor([1.0, 0.5])
+    log_probs = joint("text", src, src_lens, torch.tensor([[1, 4, 5], [1, 8, 0]]))
+    assert log_probs.shape == (2, 3, 11)
+    log_probs.sum().backward()
+    grads = {name for name, p in joint.model.named_parameters() if p.grad is not None and p.grad.abs().sum() > 0}
+    for prefix in ("transformer.custom_tgt_module", "transformer.encoder", "transformer.decoder", "seq_lin"):
+        assert any(name.startswith(prefix) for name in grads), prefix
+    assert not any(name.startswith("frontend") for name in grads)
+
+
+def test_the_graph_inside_the_pretrain_model_loads_strictly_into_a_finetune_build():
+    """Pretraining adds weights only under heads: model.* loads into a plain graph by name."""
+    joint = pretrain_model()
+    target = load_graph()["model"]
+    target.load_state_dict(joint.model.state_dict(), strict=True)
+    assert all(not name.startswith("model.") for name in joint.heads.state_dict())
