@@ -21,7 +21,7 @@ batches), ``planning`` (rank/worker plans), ``pipeline`` (per-sample steps), ``s
 
 from common.data.batching import buffered_batches, sorted_oracle_batches
 from common.data.mixing import MixedLoader, mixing_probabilities
-from common.data.pipeline import Tokenizer
+from common.data.pipeline import Tokenizer, vocab_size
 from common.data.speech import SpeechLoader, make_speech_loader
 from common.data.stream import BatchStream
 from common.data.text import TextLoader, make_text_loader
@@ -37,4 +37,5 @@ __all__ = [
     "make_text_loader",
     "mixing_probabilities",
     "sorted_oracle_batches",
+    "vocab_size",
 ]

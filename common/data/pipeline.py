@@ -84,6 +84,12 @@ class Tokenizer:
         return token
 
 
+def vocab_size(model_path):
+    """Number of pieces of a SentencePiece model (the model's output size); for configs:
+    ``vocab_size: !apply:common.data.vocab_size [!ref <tokenizer_file>]``."""
+    return Tokenizer(model_path).processor.get_piece_size()
+
+
 def token_fields(tokens, prefix=""):
     """``tokens``, ``tokens_bos`` (``[1] + tokens``) and ``tokens_eos`` (``tokens + [2]``) tensors."""
     tokens = torch.as_tensor(tokens, dtype=torch.long)

@@ -29,11 +29,12 @@ class ShardStreamDataset(IterableDataset):
     Set ``slots`` (the rank's ``SlotPlan`` list), ``speeds`` and ``consumed`` before iterating.
     """
 
-    def __init__(self, metadata, tokenizer, features=None, prefix_ids=()):
+    def __init__(self, metadata, tokenizer, features=None, prefix_ids=(), cache_audio=False):
         self.metadata = metadata
         self.tokenizer = tokenizer
         self.features = features
         self.prefix_ids = list(prefix_ids)
+        self.cache = {} if cache_audio else None  # row -> decoded waveform, kept across epochs
         self.slots, self.speeds, self.consumed = [], None, 0
 
     def __iter__(self):
@@ -71,7 +72,7 @@ class ShardStreamDataset(IterableDataset):
     def stream_waveforms(self, slot, remaining, bad_data):
         """A ``WaveformStream`` over the slot's shards for the rows of the remaining batches."""
         wanted = set(np.concatenate(remaining).tolist()) if remaining else set()
-        return WaveformStream(self.metadata, slot, wanted, bad_data)
+        return WaveformStream(self.metadata, slot, wanted, bad_data, self.cache)
 
     def make_sample(self, row, waveform):
         """Per-sample steps: speed perturbation, tokenization (after the prefix tokens), sample dict."""
@@ -85,12 +86,15 @@ class WaveformStream:
     """Decoded waveforms of wanted rows, read lazily in stream order as batches ask for them.
 
     ``has(row)`` reads on until the reader is past ``row``; waveforms are released by ``get``, so at
-    most the planned buffer of utterances is held.
+    most the planned buffer of utterances is held, unless ``cache`` (a dict kept by the caller)
+    keeps every waveform handed over: rows already in it are not read again.
     """
 
-    def __init__(self, metadata, slot, wanted, bad_data):
+    def __init__(self, metadata, slot, wanted, bad_data, cache=None):
         self.position_of = {int(row): i for i, row in enumerate(slot.stream_rows)}
         self.ready, self.undecodable, self.reached = {}, set(), -1
+        self.cache = cache
+        wanted = wanted - cache.keys() if cache is not None else wanted
         self.reader = self.read(metadata, slot, wanted, bad_data)
 
     def read(self, metadata, slot, wanted, bad_data):
@@ -113,13 +117,20 @@ class WaveformStream:
 
     def has(self, row):
         """Whether ``row`` was decoded (reads on until the stream is past it)."""
+        if self.cache is not None and row in self.cache:
+            return True
         while self.reached < self.position_of[row] and row not in self.ready:
             self.reached = max(self.reached, next(self.reader, len(self.position_of)))
         return row in self.ready
 
     def get(self, row):
-        """Hand over (and release) the waveform of ``row``."""
-        return self.ready.pop(row)
+        """Hand over (and release, unless cached) the waveform of ``row``."""
+        if row not in self.ready:
+            return self.cache[row]
+        waveform = self.ready.pop(row)
+        if self.cache is not None:
+            self.cache[row] = waveform
+        return waveform
 
     def dropped(self, rows):
         """How many of ``rows`` were already counted as undecodable."""
@@ -191,6 +202,7 @@ def make_speech_loader(
     emit_fraction=0.25,
     text_field="text",
     prefix_tokens=None,
+    cache_audio=False,
 ):
     """Build the speech loader of one rank.
 
@@ -222,6 +234,9 @@ def make_speech_loader(
     prefix_tokens : list of str or int, optional
         Tokens put before every target, e.g. ``["<fr>"]`` (a target-language tag, a user symbol of
         the tokenizer) or ids; ``tokens_bos`` becomes ``[1, tag, ...]``. Batch ``text`` stays plain.
+    cache_audio : bool
+        Keep every decoded waveform in memory after its first epoch (float32: 230 MB per hour of
+        audio), so later epochs decode nothing. For small corpora only; needs ``num_workers=0``.
 
     Returns
     -------
@@ -247,7 +262,10 @@ def make_speech_loader(
         )
     batching = dict(budget=max_batch_seconds, max_batch_size=max_batch_size, buffer_size=buffer_size,
                     emit_fraction=emit_fraction)
-    dataset = ShardStreamDataset(metadata, tokenizer, features, prefix_ids)
+    if cache_audio and num_workers > 0:
+        raise ValueError(f"cache_audio=True keeps audio in the main process but num_workers={num_workers}: "
+                         "set num_workers=0 (or cache_audio=False)")
+    dataset = ShardStreamDataset(metadata, tokenizer, features, prefix_ids, cache_audio)
     return SpeechLoader(metadata, dataset, seed, rank, world_size, num_workers, batching, speed_perturb)
 
 

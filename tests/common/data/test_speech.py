@@ -140,3 +140,21 @@ def test_samples_without_the_text_field_are_left_out_and_an_unknown_field_names_
     assert sorted(texts) == sorted(expected) and 0 < len(texts) < 6
     with pytest.raises(ValueError, match="translaton.*'translation'"):
         make_speech_loader(parquet, tokenizer_model, 5.0, num_workers=0, text_field="translaton")
+
+
+def test_cached_audio_gives_the_same_batches_and_later_epochs_read_no_shard(tone_shards, tokenizer_model,
+                                                                           monkeypatch):
+    """cache_audio=True: epoch 0 equals the uncached loader's (keys and waveforms); epoch 1 opens no
+    shard yet yields every planned batch; with workers it is refused."""
+    import pytest
+
+    from common.data import speech
+
+    make = lambda **kw: make_speech_loader(tone_shards, tokenizer_model, 5.0, num_workers=0, seed=2, **kw)  # noqa: E731
+    plain, cached = make(), make(cache_audio=True)
+    for a, b in zip(list(plain), list(cached)):
+        assert a.id == b.id and torch.equal(a.sig.data, b.sig.data)
+    monkeypatch.setattr(speech, "decoded_audio", lambda *args: (_ for _ in ()).throw(AssertionError("read")))
+    assert epoch_keys(cached) == cached.planned_keys(1)
+    with pytest.raises(ValueError, match="num_workers=2"):
+        make_speech_loader(tone_shards, tokenizer_model, 5.0, num_workers=2, cache_audio=True)
