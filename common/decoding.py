@@ -47,7 +47,23 @@ class JointCTCAttentionSearcher(S2STransformerBeamSearcher):
     With the attention weight at 0, SpeechBrain 1.1.2 skips the decoder but keeps the
     previous step's scores as this step's base, so CTC scores pile up step after step and
     the search emits garbage. Each step starts from zeros here instead.
+
+    ``prefix_tokens`` (e.g. a target-language tag) are fed to the decoder after ``<s>`` before the
+    search starts and are not part of the hypotheses, as in training with ``ignore_prefix_tokens``.
     """
+
+    def __init__(self, *args, prefix_tokens=(), **kwargs):
+        super().__init__(*args, **kwargs)
+        self.prefix_tokens = [int(token) for token in prefix_tokens]
+        if self.prefix_tokens:
+            self.bos_index = self.prefix_tokens[-1]  # the first step's input: the last prefix token
+
+    def reset_mem(self, batch_size, device):
+        """Decoder input before the first step: ``<s>`` and all prefix tokens but the last."""
+        if not self.prefix_tokens:
+            return None
+        start = torch.tensor([BOS_INDEX] + self.prefix_tokens[:-1], device=device)
+        return start.repeat(batch_size, 1)
 
     def _attn_weight_step(self, inp_tokens, memory, enc_states, enc_lens, attn, log_probs):
         """Decoder scores for this step, or zeros when the decoder's weight is 0."""
@@ -78,6 +94,7 @@ def build_beam_searcher(
     length_bonus=0.0,
     max_decode_ratio=1.0,
     temperature=1.0,
+    prefix_tokens=(),
 ):
     """Batched joint CTC / attention beam search over a ``SpeechEncoderDecoder``.
 
@@ -101,6 +118,8 @@ def build_beam_searcher(
         Longest hypothesis, in tokens per encoder frame (1.0 = one token per frame).
     temperature : float
         Softmax temperature of the attention decoder.
+    prefix_tokens : list of int
+        Token ids given to the decoder after ``<s>`` and never predicted (a target-language tag).
 
     Returns
     -------
@@ -126,6 +145,7 @@ def build_beam_searcher(
         using_eos_threshold=False,
         length_normalization=length_normalization,
         temperature=temperature,
+        prefix_tokens=prefix_tokens,
     )
 
 

@@ -39,13 +39,13 @@ def padded_batch(rows):
     return tokens, torch.tensor([len(row) / longest for row in rows])
 
 
-@pytest.fixture(scope="module")
-def memorised():
-    """A tiny conformer trained ~2 s to map three fixed noise clips to TARGETS (seeded)."""
+def train_memoriser(prefix=(), vocab_size=10):
+    """A tiny conformer trained ~2 s to map three fixed noise clips to TARGETS (seeded); with
+    ``prefix`` (e.g. a language tag), the decoder is fed it and trained not to predict it."""
     torch.manual_seed(0)
     with open(GRAPH_YAML) as f:
         graph = load_hyperpyyaml(f, {
-            "vocab_size": 10, "d_model": 32, "nhead": 2, "num_encoder_layers": 2,
+            "vocab_size": vocab_size, "d_model": 32, "nhead": 2, "num_encoder_layers": 2,
             "num_decoder_layers": 1, "d_ffn": 64, "n_mels": 20, "frontend_channels": 8,
             "frontend_out_channels": 8, "dropout": 0.0, "spec_augment_prob": 0.0})
     model = graph["model"]
@@ -54,19 +54,33 @@ def memorised():
     for i, n in enumerate(samples):
         wavs[i, :n] = torch.randn(n)
     wav_lens = torch.tensor([n / max(samples) for n in samples])
-    tokens, tokens_lens = padded_batch(TARGETS)
-    tokens_bos, _ = padded_batch([[1] + t for t in TARGETS])
-    tokens_eos, tokens_eos_lens = padded_batch([t + [2] for t in TARGETS])
+    targets = [list(prefix) + t for t in TARGETS]
+    tokens, tokens_lens = padded_batch(targets)
+    tokens_bos, _ = padded_batch([[1] + t for t in targets])
+    tokens_eos, tokens_eos_lens = padded_batch([t + [2] for t in targets])
     optimizer = torch.optim.Adam(model.parameters(), lr=3e-3)
     for _ in range(80):
         out = model(wavs, wav_lens, tokens_bos)
         loss = joint_ctc_attention_loss(out.ctc_log_probs, out.seq_log_probs, wav_lens, tokens,
-                                        tokens_lens, tokens_eos, tokens_eos_lens, dec_weight=0.5)
+                                        tokens_lens, tokens_eos, tokens_eos_lens, dec_weight=0.5,
+                                        ignore_prefix_tokens=len(prefix))
         optimizer.zero_grad()
         loss["loss"].backward()
         optimizer.step()
     model.eval()
     return model, wavs, wav_lens
+
+
+@pytest.fixture(scope="module")
+def memorised():
+    """The memoriser without a prefix."""
+    return train_memoriser()
+
+
+@pytest.fixture(scope="module")
+def tag_memorised():
+    """The memoriser trained with the language tag 10 before every target."""
+    return train_memoriser(prefix=[10], vocab_size=11)
 
 
 def test_greedy_ctc_recovers_the_memorised_transcripts(memorised):
@@ -82,6 +96,16 @@ def test_beam_search_recovers_the_memorised_transcripts(memorised, ctc_weight):
     """Attention only, joint, and CTC-prefix-only search all decode the three utterances."""
     model, wavs, wav_lens = memorised
     searcher = build_beam_searcher(model, beam_size=3, ctc_weight=ctc_weight)
+    with torch.no_grad():
+        assert beam_search(searcher, model.encode(wavs, wav_lens), wav_lens) == TARGETS
+
+
+@pytest.mark.parametrize("ctc_weight", [0.0, 0.4])
+def test_beam_search_feeds_the_prefix_and_leaves_it_out_of_the_hypotheses(tag_memorised, ctc_weight):
+    """A model trained with a language tag (id 10) before every target, ignored by the loss,
+    decodes the three utterances when the searcher feeds it the tag; hypotheses hold no tag."""
+    model, wavs, wav_lens = tag_memorised
+    searcher = build_beam_searcher(model, beam_size=3, ctc_weight=ctc_weight, prefix_tokens=[10])
     with torch.no_grad():
         assert beam_search(searcher, model.encode(wavs, wav_lens), wav_lens) == TARGETS
 
