@@ -23,10 +23,12 @@ import sys
 import ruamel.yaml
 import speechbrain as sb
 from hyperpyyaml import load_hyperpyyaml
+from hyperpyyaml.core import recursive_update
 
 logger = logging.getLogger(__name__)
 
 LOCK_NAME = "run.lock"
+BASE_KEY = "base_config"  # a derived config names its base (relative path) and lists what differs
 
 
 class ConfigError(ValueError):
@@ -56,10 +58,13 @@ def scalar_kind(value):
 def check_value_type(key, default, value):
     """Raises ConfigError when ``value`` cannot stand where the config has ``default``.
 
-    Only numbers and bools are checked; an int may replace a float.
+    Only numbers and bools are checked; an int may replace a float; a tagged value (``!ref``,
+    ``!new:``, ...) is checked when it resolves.
     """
     expected, given = scalar_kind(default), scalar_kind(value)
     if expected is None or given == expected or (expected, given) == ("float", "int"):
+        return
+    if given is None and getattr(getattr(value, "tag", None), "value", None):
         return
     raise ConfigError(
         f"--{key}={value!r} is of type {given or type(value).__name__}, but the config's "
@@ -93,8 +98,31 @@ def check_include_parameters(tree, folder, where):
             check_include_parameters(node, folder, f"{where}[{key}]")
 
 
+def resolve_derived_config(hparams_file, overrides=None):
+    """``(base file, overrides)`` for a derived config, else ``(hparams_file, overrides)``.
+
+    A derived config holds ``base_config: other.yaml`` (relative to itself) and only the keys it
+    changes; they are checked against the base and applied as overrides, the command line's on top.
+    Bases may be derived configs themselves.
+    """
+    if isinstance(overrides, str) or overrides is None:
+        overrides = ruamel.yaml.YAML().load(overrides or "") or {}
+    tree = read_yaml_tree(hparams_file)
+    if BASE_KEY not in tree:
+        return hparams_file, overrides
+    base = os.path.join(os.path.dirname(hparams_file), str(tree.pop(BASE_KEY)))
+    if not os.path.isfile(base):
+        raise ConfigError(f"{hparams_file}: {BASE_KEY} {base} does not exist: fix the path "
+                          "(relative to the derived config)")
+    check_keys(tree, read_yaml_tree(base), f"{base} (the base of {hparams_file})")
+    recursive_update(tree, overrides)
+    return resolve_derived_config(base, tree)
+
+
 def load_checked_hparams(hparams_file, overrides=""):
     """Loads ``hparams_file`` with ``overrides`` (yaml text or dict), after checking both.
+
+    ``hparams_file`` may be a derived config (see ``resolve_derived_config``).
 
     Raises
     ------
@@ -102,10 +130,11 @@ def load_checked_hparams(hparams_file, overrides=""):
         For an override key the config lacks (naming the closest key), a value of the
         wrong type, a misspelled ``!include:`` parameter, or an unset ``!PLACEHOLDER``.
     """
-    if isinstance(overrides, str):
-        overrides = ruamel.yaml.YAML().load(overrides) or {}
+    derived_file = hparams_file
+    hparams_file, overrides = resolve_derived_config(hparams_file, overrides)
     tree = read_yaml_tree(hparams_file)
-    check_keys(overrides, tree, hparams_file)
+    check_keys(overrides, tree, hparams_file if derived_file == hparams_file else
+               f"{hparams_file} (the base of {derived_file})")
     check_include_parameters(tree, os.path.dirname(os.path.abspath(hparams_file)), "")
     try:
         with open(hparams_file, encoding="utf-8") as f:
@@ -161,6 +190,7 @@ def prepare_experiment(argv):
     and checks the config, joins the DDP group when launched by torchrun, creates the
     experiment folder. Returns ``(hparams, run_opts)`` for ``sb.Brain``."""
     hparams_file, run_opts, overrides = sb.parse_arguments(argv)
+    hparams_file, overrides = resolve_derived_config(hparams_file, overrides)
     hparams = load_checked_hparams(hparams_file, overrides)
     sb.utils.distributed.ddp_init_group(run_opts)
     create_output_folder(hparams, hparams_file, overrides, argv)

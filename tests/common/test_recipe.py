@@ -91,3 +91,17 @@ def test_run_lock_refuses_a_live_holder_and_takes_over_a_dead_one(tmp_path):
         live.wait()
     acquire_run_lock(str(tmp_path))
     assert (tmp_path / "run.lock").read_text() == str(os.getpid())
+
+
+def test_derived_config_changes_only_its_keys_and_the_command_line_wins(config, tmp_path):
+    """A base_config file lists only what differs; !ref in it resolves against the base; a key the
+    base lacks is refused with the closest one; prepare_experiment saves the merged config."""
+    derived = tmp_path / "small.yaml"
+    derived.write_text("base_config: train.yaml\nnum_epochs: 4\nmax_batch_seconds: !ref <num_epochs> * 10\n")
+    hparams = load_checked_hparams(str(derived), f"exp_root: {tmp_path}\nnum_epochs: 5")
+    assert (hparams["num_epochs"], hparams["max_batch_seconds"], hparams["graph"]["d_model"]) == (5, 50, 8)
+    hparams, _ = prepare_experiment([str(derived), f"--exp_root={tmp_path}"])
+    assert "max_batch_seconds: 40" in (tmp_path / "demo" / "hyperparams.yaml").read_text()
+    derived.write_text("base_config: train.yaml\nnum_epoch: 4\n")
+    with pytest.raises(ConfigError, match='"num_epoch".*base of.*Did you mean "num_epochs"'):
+        load_checked_hparams(str(derived), "exp_root: x")
