@@ -154,3 +154,14 @@ def noise_batch(noiser, tokens, rel_lens, rng, pad_id=0):
     for i, seq in enumerate(noised):
         out[i, : len(seq)] = torch.from_numpy(seq)
     return out.to(tokens.device), torch.tensor([len(s) / longest for s in noised], device=tokens.device)
+
+
+def ordinary_piece_ids(processor):
+    """Ids a random replacement may use: every SentencePiece piece except the control, unknown and
+    user-defined ones (``<blank>``, ``<s>``, ``</s>``, ``<unk>``, ``<mask>``, language tags)."""
+    return [i for i in range(processor.get_piece_size())
+            if not (processor.is_control(i) or processor.is_unknown(i) or _is_symbol(processor.id_to_piece(i)))]
+
+
+def _is_symbol(piece):
+    return len(piece) > 2 and piece.startswith("<") and piece.endswith(">")

@@ -45,6 +45,13 @@ def read_kmeans_info(units_dir):
         return json.load(handle)
 
 
+def count_units(units_dirs):
+    """k-means clusters of a units folder (the first of a list): sizes the unit head in configs,
+    ``n_units: !apply:common.data.units.count_units [!ref <units_dirs>]``."""
+    first = units_dirs if isinstance(units_dirs, (str, os.PathLike)) else units_dirs[0]
+    return int(read_kmeans_info(first)["n_units"])
+
+
 class UnitTable:
     """Units of every sample of a units folder, looked up by sample key.
 
@@ -58,6 +65,14 @@ class UnitTable:
 
     def __len__(self):
         return len(self.units_by_key)
+
+    def check_covers(self, keys, what):
+        """Raise when some of ``keys`` (the samples a loader will read) have no units."""
+        missing = [key for key in keys if key not in self.units_by_key]
+        if missing:
+            raise ValueError(f"{len(missing)} of {len(keys)} samples of {what} have no units (e.g. "
+                             f"{missing[:3]}): run local/extract_units.py on its shard folders "
+                             "with the same --kmeans")
 
     def batch(self, keys):
         """Units of ``keys`` padded with -1: (LongTensor [batch, longest], int lengths [batch])."""

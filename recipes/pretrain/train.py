@@ -1,0 +1,186 @@
+#!/usr/bin/env python3
+"""Pretrain recipe: joint speech-text pretraining of the shared encoder-decoder (SpeechUT / YiTrans).
+
+    python recipes/pretrain/train.py recipes/pretrain/hparams/conformer.yaml \\
+        --speech_parquets=[shards/train/metadata_pool.parquet] --units_dirs=[units/train] \\
+        --text_parquets=[text/mono.parquet] --paired_parquets=[text/pairs.parquet] \\
+        --tokenizer_file=tokenizer/unigram_5000.model
+
+Each batch holds one modality, drawn from a ``MixedLoader`` (weights or temperature α):
+
+- ``speech``: span-masked encoder input, cross-entropy against k-means units on masked frames;
+- ``text``: BART noising of the source, the decoder reconstructs the sentence;
+- ``paired``: the source through the same text path, the decoder produces the target.
+
+The loss of a batch is its task's loss times ``task_loss_weights[task]``; per-task losses and
+accuracies go to train_log.txt and TensorBoard. Checkpoints hold the graph (``model.ckpt``, the names
+finetuning loads), the feature statistics, the pretraining heads, the optimizer and the loader's
+position. The tokenizer is copied into the experiment folder: finetuning must use the same one.
+"""
+
+import os
+import sys
+
+sys.path.insert(0, os.path.join(os.path.dirname(os.path.abspath(__file__)), "..", ".."))
+
+import logging  # noqa: E402
+import shutil  # noqa: E402
+from collections import defaultdict  # noqa: E402
+
+import numpy as np  # noqa: E402
+import speechbrain as sb  # noqa: E402
+
+from common.data import MixedLoader, Tokenizer, make_speech_loader, make_text_loader  # noqa: E402
+from common.data.units import read_units, units_at_frames  # noqa: E402
+from common.masking import mask_spans  # noqa: E402
+from common.objectives import masked_unit_loss, sequence_loss  # noqa: E402
+from common.recipe import prepare_experiment  # noqa: E402
+from common.text_noising import TextNoiser, noise_batch, ordinary_piece_ids  # noqa: E402
+from common.training import after_update  # noqa: E402
+
+logger = logging.getLogger(__name__)
+
+SPEECH, TEXT, PAIRED = "speech", "text", "paired"
+LOGGED = {SPEECH: ("masked_loss", "masked_accuracy", "unmasked_accuracy"), TEXT: ("loss", "accuracy"),
+          PAIRED: ("loss", "accuracy")}
+
+
+class JointPretraining(sb.Brain):
+    """One task per batch (``batch.stream``; evaluation batches are speech).
+
+    Set ``units`` (``UnitTable`` of every speech split), ``noiser`` (``TextNoiser``), for training
+    ``train_loader`` and, when validating, ``valid_loader`` before ``fit``.
+    """
+
+    units, noiser, train_loader, valid_loader = None, None, None, None
+
+    def rng(self, stage):
+        """Masking / noising randomness of this step: a function of (seed, epoch, step, stage)."""
+        return np.random.default_rng([self.hparams.seed, self.hparams.epoch_counter.current, self.step,
+                                      int(stage == sb.Stage.TRAIN)])
+
+    def compute_forward(self, batch, stage):
+        """The task's pass; returns (task, output)."""
+        batch = batch.to(self.device)
+        task, rng = getattr(batch, "stream", SPEECH), self.rng(stage)
+        if task == SPEECH:
+            wavs, wav_lens = batch.sig
+            hp = self.hparams
+            mask = lambda lengths, frames: mask_spans(lengths, frames, hp.mask_prob, hp.mask_span_frames, rng)  # noqa: E731,E501
+            return task, self.modules.pretrain(SPEECH, wavs, wav_lens, mask, epoch=hp.epoch_counter.current)
+        src, src_lens = batch.src_tokens
+        if task == TEXT:
+            src, src_lens = noise_batch(self.noiser, src, src_lens, rng)
+        return task, self.modules.pretrain(task, src, src_lens, batch.tokens_bos.data)
+
+    def compute_objectives(self, predictions, batch, stage):
+        """The task's loss times its weight; per-task figures kept for logging."""
+        task, out = predictions
+        if task == SPEECH:
+            units, lengths = self.units.batch(batch.id)
+            targets = units_at_frames(units, lengths, out.unit_logits.shape[1],
+                                      self.hparams.encoder_frame_rate_hz, self.units.frame_rate_hz)
+            losses = masked_unit_loss(out.unit_logits, targets.to(self.device), out.frame_mask,
+                                      self.hparams.unmasked_weight)
+        else:
+            losses = sequence_loss(out, *batch.tokens_eos, label_smoothing=self.hparams.label_smoothing)
+        for term in LOGGED[task]:
+            self.task_sums[f"{task}_{term}"] += float(losses[term].detach() if term == "loss" else losses[term])
+        self.task_batches[task] += 1
+        return self.hparams.task_loss_weights[task] * losses["loss"]
+
+    def task_averages(self):
+        """Stage averages of each task's figures, and its share of the batches."""
+        total = max(sum(self.task_batches.values()), 1)
+        averages = {name: value / self.task_batches[name.split("_")[0]] for name, value in self.task_sums.items()}
+        averages.update({f"{task}_share": count / total for task, count in self.task_batches.items()})
+        return averages
+
+    def on_stage_start(self, stage, epoch=None):
+        """Start the loader's epoch (resume-aware); fresh per-task sums."""
+        if stage == sb.Stage.TRAIN and self.train_loader is not None:
+            self.train_loader.set_epoch(epoch)
+        self.task_sums, self.task_batches = defaultdict(float), defaultdict(int)
+
+    def on_fit_batch_end(self, batch, outputs, loss, should_step):
+        """Noam step after each update; per-task figures to TensorBoard every log_interval_steps."""
+        if should_step:
+            after_update(self, loss, self.task_averages)
+
+    def on_stage_end(self, stage, stage_loss, epoch=None):
+        """Log the epoch's per-task figures; checkpoint after validation (or training without one)."""
+        stats = {"loss": stage_loss, **self.task_averages()}
+        if stage == sb.Stage.TRAIN:
+            self.train_stats = stats
+            if self.valid_loader is not None:
+                return
+            stats = None
+        meta = {"epoch": epoch, "lr": self.optimizer.param_groups[0]["lr"], "steps": self.optimizer_step}
+        for logger_name in ("train_logger", "tensorboard_logger"):
+            getattr(self.hparams, logger_name).log_stats(meta, train_stats=self.train_stats, valid_stats=stats)
+        self.checkpointer.save_and_keep_only(meta={"epoch": epoch}, num_to_keep=self.hparams.keep_checkpoints)
+
+
+
+def speech_loader(hparams, parquets, training, rank=0, world_size=1):
+    """Speech batches (texts unused); training: this rank's share with filters; evaluation: all."""
+    return make_speech_loader(
+        parquets, hparams["tokenizer_file"], max_batch_size=hparams["max_batch_size"], seed=hparams["seed"],
+        max_batch_seconds=hparams["max_batch_seconds"] if training else hparams["eval_max_batch_seconds"],
+        num_workers=hparams["num_workers"] if training else 0, rank=rank, world_size=world_size,
+        filters=hparams["filters"] if training else None)
+
+
+def text_loader(hparams, parquets, rank, world_size, paired):
+    """Mono (``paired=False``) or paired text batches of this rank."""
+    columns = hparams["paired_columns"] if paired else hparams["text_columns"]
+    return make_text_loader(parquets, hparams["tokenizer_file"], hparams["max_batch_tokens"],
+                            max_batch_size=hparams["max_batch_size"], seed=hparams["seed"], rank=rank,
+                            world_size=world_size, max_tokens=hparams["max_text_tokens"], **columns)
+
+
+def training_mix(hparams, rank, world_size):
+    """The MixedLoader of the configured modalities (speech always; text and paired when given)."""
+    streams = {SPEECH: speech_loader(hparams, hparams["speech_parquets"], True, rank, world_size)}
+    if hparams["text_parquets"]:
+        streams[TEXT] = text_loader(hparams, hparams["text_parquets"], rank, world_size, paired=False)
+    if hparams["paired_parquets"]:
+        streams[PAIRED] = text_loader(hparams, hparams["paired_parquets"], rank, world_size, paired=True)
+    weights = hparams["mixing_weights"]
+    if weights is not None:
+        weights = {name: weights[name] for name in streams}
+    return MixedLoader(streams, weights=weights, alpha=None if weights else hparams["mixing_alpha"],
+                       seed=hparams["seed"])
+
+
+def make_noiser(hparams, tokenizer):
+    """The BART noiser of the ``text_noising`` block, with the tokenizer's <mask> and pieces."""
+    return TextNoiser(tokenizer.piece_id(hparams["mask_token"]), ordinary_piece_ids(tokenizer.processor),
+                      **hparams["text_noising"])
+
+
+def used_keys(loader):
+    """Sample keys a speech loader reads (after its filters)."""
+    return loader.metadata.keys[loader.metadata.shard_of_row >= 0].tolist()
+
+
+def main(argv):
+    hparams, run_opts = prepare_experiment(argv)
+    shutil.copy(hparams["tokenizer_file"], os.path.join(hparams["output_folder"], "tokenizer.model"))
+    brain = JointPretraining(modules={"pretrain": hparams["pretrain_model"]}, opt_class=hparams["optimizer"],
+                             hparams=hparams, run_opts=run_opts, checkpointer=hparams["checkpointer"])
+    brain.noiser = make_noiser(hparams, Tokenizer(hparams["tokenizer_file"]))
+    unit_dirs = hparams["units_dirs"] + ([hparams["valid_units_dir"]] if hparams["valid_units_dir"] else [])
+    brain.units = read_units(unit_dirs, expected_hash=hparams["kmeans_hash"])
+    rank, world_size = int(os.environ.get("RANK", 0)), int(os.environ.get("WORLD_SIZE", 1))
+    brain.train_loader = training_mix(hparams, rank, world_size)
+    brain.units.check_covers(used_keys(brain.train_loader.streams[SPEECH]), hparams["speech_parquets"])
+    hparams["checkpointer"].add_recoverable("train_loader", brain.train_loader)
+    if hparams["valid_parquet"]:
+        brain.valid_loader = speech_loader(hparams, hparams["valid_parquet"], False)
+        brain.units.check_covers(used_keys(brain.valid_loader), hparams["valid_parquet"])
+    brain.fit(hparams["epoch_counter"], brain.train_loader, brain.valid_loader)
+
+
+if __name__ == "__main__":
+    main(sys.argv[1:])

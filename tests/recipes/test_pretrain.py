@@ -1,0 +1,108 @@
+"""recipes/pretrain: a few steps of all three tasks on espeak-ng shards; finetuning loads the result."""
+
+import glob
+import json
+import math
+import os
+import re
+import subprocess
+import sys
+
+import pytest
+import torch
+
+from common.models.transfer import load_pretrained
+from common.recipe import load_checked_hparams
+from local import extract_units, make_text_shards, train_tokenizer
+from recipes.pretrain import train
+
+REPO = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
+CONFIGS = os.path.join(REPO, "recipes", "pretrain", "hparams")
+FINETUNE_DEMO = os.path.join(REPO, "recipes", "finetune", "hparams", "demo.yaml")
+TINY_MODEL = ["--d_model=32", "--nhead=2", "--num_encoder_layers=1", "--num_decoder_layers=1", "--d_ffn=64"]
+TINY = TINY_MODEL + ["--max_batch_seconds=40.0", "--max_batch_tokens=800", "--num_workers=0",
+                     "--warmup_steps=4", "--number_of_epochs=1", "--noprogressbar"]
+
+
+@pytest.fixture(scope="module")
+def pretrain_data(speech_corpus, speech_shards, tmp_path_factory):
+    """Tokenizer with <mask>, units of train and dev (12 clusters), mono and paired text parquets."""
+    out = tmp_path_factory.mktemp("pretrain_data")
+    texts = train_tokenizer.read_texts([str(speech_shards["train"])])
+    texts += train_tokenizer.read_texts([str(speech_shards["train"])], text_field="translation")
+    tokenizer = train_tokenizer.train_tokenizer(texts, str(out / "tokenizer"), 60, "bpe", ["<mask>"])
+    fast = ["--n-units", "12", "--fit-fraction", "0.25", "--min-fit-utterances", "8", "--jobs", "1"]
+    extract_units.main([str(speech_shards["train"]), str(out / "units_train"), *fast])
+    extract_units.main([str(speech_shards["dev"]), str(out / "units_dev"), *fast,
+                        "--kmeans", str(out / "units_train" / "kmeans.json")])
+    manifest = str(speech_corpus / "train.jsonl")
+    make_text_shards.main([manifest, str(out / "mono.parquet"), "--lang", "en"])
+    make_text_shards.main([manifest, str(out / "pairs.parquet"), "--paired", "--src-field", "translation",
+                           "--tgt-field", "text"])
+    return {"tokenizer": tokenizer, "units": out / "units_train", "valid_units": out / "units_dev",
+            "mono": out / "mono.parquet", "pairs": out / "pairs.parquet"}
+
+
+@pytest.fixture(scope="module")
+def pretrained(pretrain_data, speech_shards, tmp_path_factory):
+    """One epoch of the demo config with a tiny model; returns the experiment folder."""
+    exp = tmp_path_factory.mktemp("exp") / "pretrain"
+    d = pretrain_data
+    train.main([os.path.join(CONFIGS, "demo.yaml"), f"--output_folder={exp}", f"--tokenizer_file={d['tokenizer']}",
+                f"--speech_parquets=[{speech_shards['train']}/metadata_pool.parquet]",
+                f"--units_dirs=[{d['units']}]", f"--text_parquets=[{d['mono']}]",
+                f"--paired_parquets=[{d['pairs']}]",
+                f"--valid_parquet={speech_shards['dev']}/metadata_pool.parquet",
+                f"--valid_units_dir={d['valid_units']}", *TINY])
+    return exp
+
+
+def test_one_epoch_trains_every_task_and_checkpoints_the_loader(pretrained):
+    """The train log has finite losses and accuracies of speech, text and paired batches (each task
+    got batches); the checkpoint holds the graph, heads, statistics and the loader's position."""
+    log = open(pretrained / "train_log.txt").read()
+    for name in ("speech_masked_loss", "speech_masked_accuracy", "text_loss", "text_accuracy",
+                 "paired_loss", "paired_accuracy", "speech_share", "text_share", "paired_share"):
+        value = re.search(rf"{name}: ([-+.\de]+)", log)
+        assert value and math.isfinite(float(value.group(1))), name
+    assert float(re.search(r"text_share: ([-+.\de]+)", log).group(1)) > 0
+    checkpoint = glob.glob(str(pretrained / "save" / "CKPT+*"))[-1]
+    for name in ("model", "normalize", "heads", "train_loader"):
+        assert os.path.isfile(os.path.join(checkpoint, f"{name}.ckpt")), name
+    state = json.load(open(os.path.join(checkpoint, "train_loader.ckpt")))
+    assert set(state["streams"]) == {"speech", "text", "paired"}
+    assert (state["epoch"], state["position"]) == (2, 0)  # epoch 1 done: the next starts afresh
+    assert (pretrained / "tokenizer.model").is_file()
+
+
+def test_finetune_graph_loads_the_pretrained_encoder_embedding_and_decoder_by_name(pretrained,
+                                                                                   speech_shards, tmp_path):
+    """The finetune demo config (same tiny sizes) gets every tensor of the pretrained model.ckpt,
+    the encoder, token embedding and decoder included, and the feature statistics."""
+    parquet = f"{speech_shards['train']}/metadata_pool.parquet"
+    hparams = load_checked_hparams(FINETUNE_DEMO, {
+        "output_folder": str(tmp_path / "ft"), "tokenizer_file": str(pretrained / "tokenizer.model"),
+        "train_parquet": parquet, "valid_parquet": parquet, "test_parquets": [parquet],
+        **{arg[2:].split("=")[0]: int(arg.split("=")[1]) for arg in TINY_MODEL}})
+    model, normalize = hparams["model"], hparams["graph"]["normalize"]
+    checkpoint = glob.glob(str(pretrained / "save" / "CKPT+*"))[-1]
+    source = torch.load(os.path.join(checkpoint, "model.ckpt"))
+    encoder_key = next(k for k in source if k.startswith("transformer.encoder."))
+    assert not torch.equal(model.state_dict()[encoder_key], source[encoder_key])
+    load_pretrained(str(pretrained), {"model": model, "normalize": normalize}, str(tmp_path / "collect"))
+    loaded = model.state_dict()
+    assert set(loaded) == set(source)
+    for name, tensor in source.items():
+        assert torch.equal(loaded[name], tensor), name
+    for prefix in ("transformer.encoder.", "transformer.custom_tgt_module.", "transformer.decoder."):
+        assert any(k.startswith(prefix) for k in source), prefix
+    statistics = torch.load(os.path.join(checkpoint, "normalize.ckpt"))
+    assert torch.equal(normalize.glob_mean, statistics["glob_mean"])
+
+
+def test_run_sh_refuses_speech_that_is_not_a_shard_folder(tmp_path):
+    """--train must be a shard folder: run.sh exits 2 naming the tool that makes one."""
+    env = dict(os.environ, PYTHON=sys.executable)
+    result = subprocess.run(["bash", os.path.join(REPO, "recipes", "pretrain", "run.sh"), "--train",
+                             str(tmp_path), "--stop_stage", "0"], capture_output=True, text=True, env=env)
+    assert result.returncode == 2 and "make_shards.py" in result.stderr
