@@ -5,6 +5,7 @@ import json
 import math
 import os
 import re
+import shutil
 import subprocess
 import sys
 
@@ -21,7 +22,7 @@ CONFIGS = os.path.join(REPO, "recipes", "pretrain", "hparams")
 FINETUNE_DEMO = os.path.join(REPO, "recipes", "finetune", "hparams", "demo.yaml")
 TINY_MODEL = ["--d_model=32", "--nhead=2", "--num_encoder_layers=1", "--num_decoder_layers=1", "--d_ffn=64"]
 TINY = TINY_MODEL + ["--max_batch_seconds=40.0", "--max_batch_tokens=800", "--num_workers=0",
-                     "--warmup_steps=4", "--number_of_epochs=1", "--noprogressbar"]
+                     "--warmup_steps=4", "--noprogressbar"]
 
 
 @pytest.fixture(scope="module")
@@ -53,7 +54,7 @@ def pretrained(pretrain_data, speech_shards, tmp_path_factory):
                 f"--units_dirs=[{d['units']}]", f"--text_parquets=[{d['mono']}]",
                 f"--paired_parquets=[{d['pairs']}]",
                 f"--valid_parquet={speech_shards['dev']}/metadata_pool.parquet",
-                f"--valid_units_dir={d['valid_units']}", *TINY])
+                f"--valid_units_dir={d['valid_units']}", *TINY, "--number_of_epochs=1"])
     return exp
 
 
@@ -106,3 +107,20 @@ def test_run_sh_refuses_speech_that_is_not_a_shard_folder(tmp_path):
     result = subprocess.run(["bash", os.path.join(REPO, "recipes", "pretrain", "run.sh"), "--train",
                              str(tmp_path), "--stop_stage", "0"], capture_output=True, text=True, env=env)
     assert result.returncode == 2 and "make_shards.py" in result.stderr
+
+
+def test_a_second_run_resumes_from_the_checkpoint_and_trains_the_next_epoch(pretrained, pretrain_data,
+                                                                            speech_shards, tmp_path):
+    """Rerunning with number_of_epochs=2 in a copy of the folder recovers epoch 1 (model, heads,
+    loader) and trains only epoch 2: the log gains one epoch line, the loader state moves to epoch 3."""
+    exp = tmp_path / "resumed"
+    shutil.copytree(pretrained, exp)
+    d = pretrain_data
+    train.main([os.path.join(CONFIGS, "demo.yaml"), f"--output_folder={exp}", f"--tokenizer_file={d['tokenizer']}",
+                f"--speech_parquets=[{speech_shards['train']}/metadata_pool.parquet]",
+                f"--units_dirs=[{d['units']}]", f"--text_parquets=[{d['mono']}]",
+                f"--paired_parquets=[{d['pairs']}]", *TINY, "--number_of_epochs=2"])
+    epochs = re.findall(r"^epoch: (\d+)", open(exp / "train_log.txt").read(), flags=re.M)
+    assert epochs == ["1", "2"]
+    newest = max(glob.glob(str(exp / "save" / "CKPT+*")), key=os.path.getmtime)
+    assert json.load(open(os.path.join(newest, "train_loader.ckpt")))["epoch"] == 3
