@@ -114,9 +114,8 @@ def resolve_derived_config(hparams_file, overrides=None):
     if not os.path.isfile(base):
         raise ConfigError(f"{hparams_file}: {BASE_KEY} {base} does not exist: fix the path "
                           "(relative to the derived config)")
-    check_keys(tree, read_yaml_tree(base), f"{base} (the base of {hparams_file})")
     recursive_update(tree, overrides)
-    return resolve_derived_config(base, tree)
+    return resolve_derived_config(base, tree)  # keys are checked against the last base on loading
 
 
 def load_checked_hparams(hparams_file, overrides=""):

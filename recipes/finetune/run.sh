@@ -4,25 +4,34 @@
 #   bash recipes/finetune/run.sh                          # the built-in demo corpus, end to end
 #   bash recipes/finetune/run.sh --train my/train.jsonl --valid my/dev.jsonl --test "my/test.jsonl"
 #   bash recipes/finetune/run.sh --stage 2 --stop_stage 2 -- --max_batch_seconds=100
+#   bash recipes/finetune/run.sh --config hparams/demo_st.yaml   # speech translation of the demo
 #
 # Data options take anything local/make_shards.py reads (a .jsonl/.tsv manifest, a Kaldi folder, a
-# folder of audio) or a shard folder made by it. Each stage is safe to rerun.
+# folder of audio) or a shard folder made by it. Each stage is safe to rerun: training resumes from
+# its last checkpoint. Arguments after `--` go to train.py as overrides (--key=value).
+# The target text (text_field) and its language tag (prefix_tokens) come from the config.
 set -euo pipefail
 cd "$(dirname "$0")/../.."
 
 stage=0             # first stage to run
-stop_stage=1        # last stage to run
+stop_stage=3        # last stage to run
 data=data/demo      # working folder: generated corpus, shards, tokenizer
 train=""            # training corpus or shard folder (default: the synthesized demo corpus)
 valid=""            # validation corpus or shard folder
 test=""             # space-separated test corpora or shard folders
-vocab_size=64       # SentencePiece pieces, special ones included
-token_type=unigram  # unigram | bpe | char
+vocab_size=300      # SentencePiece pieces, special ones included (300: near whole words for the demo)
+token_type=bpe      # unigram | bpe | char
+config=hparams/demo.yaml  # train.py config, relative to recipes/finetune/ or to the repository
+exp=""              # experiment folder (default: exp/finetune_<config name>)
 jobs=$(nproc)       # processes for synthesis and shard encoding
 python=${PYTHON:-.venv/bin/python}
 usage="Usage: $0 [--stage N] [--stop_stage N] [--data DIR] [--train PATH] [--valid PATH]
-       [--test \"PATH ...\"] [--vocab_size N] [--token_type unigram|bpe|char] [--jobs N] [-- overrides]"
+       [--test \"PATH ...\"] [--vocab_size N] [--token_type unigram|bpe|char] [--config YAML]
+       [--exp DIR] [--jobs N] [-- train.py overrides]"
 . local/parse_options.sh
+# On a CPU shared with other jobs, run with OMP_WAIT_POLICY=PASSIVE (or GOMP_SPINCOUNT=1000): the
+# spinning OpenMP threads of two processes starve each other (a demo training step measured 3 instead
+# of 135 audio-s/s beside another training job). Alone, spinning is ~2x faster, hence not the default.
 
 # shard_dir NAME PATH: where the shards of a corpus live (PATH itself when it is a shard folder).
 shard_dir() {
@@ -58,9 +67,36 @@ if [ "$stage" -le 0 ] && [ "$stop_stage" -ge 0 ]; then
   done
 fi
 
-tokenizer=$data/tokenizer/${token_type}_${vocab_size}.model
+[ -f "$config" ] || config=recipes/finetune/$config
+[ -f "$config" ] || { echo "Error: no config $config" >&2; echo "$usage" >&2; exit 2; }
+[ -n "$exp" ] || exp=exp/finetune_$(split_name "$config")
+text_field=$($python local/config_value.py "$config" text_field)
+prefix_tokens=$($python local/config_value.py "$config" prefix_tokens)
+tokenizer_dir=$data/tokenizer
+[ "$text_field" = text ] || tokenizer_dir=$data/tokenizer_$text_field
+tokenizer=$tokenizer_dir/${token_type}_${vocab_size}.model
 if [ "$stage" -le 1 ] && [ "$stop_stage" -ge 1 ]; then
-  log "Stage 1: tokenizer: $(shard_dir train "$train") -> $tokenizer"
-  $python local/train_tokenizer.py "$(shard_dir train "$train")" "$data/tokenizer" \
-    --vocab-size "$vocab_size" --model-type "$token_type"
+  log "Stage 1: tokenizer: $(shard_dir train "$train") ($text_field) -> $tokenizer"
+  $python local/train_tokenizer.py "$(shard_dir train "$train")" "$tokenizer_dir" \
+    --vocab-size "$vocab_size" --model-type "$token_type" --text-field "$text_field" \
+    --user-symbols "$prefix_tokens"
+fi
+
+test_parquets=""
+for path in $test; do
+  test_parquets+="${test_parquets:+, }$(shard_dir "$(split_name "$path")" "$path")/metadata_pool.parquet"
+done
+train_args=("$config" "--output_folder=$exp" "--tokenizer_file=$tokenizer"
+  "--train_parquet=$(shard_dir train "$train")/metadata_pool.parquet"
+  "--valid_parquet=$(shard_dir valid "$valid")/metadata_pool.parquet" "--test_parquets=[$test_parquets]")
+
+if [ "$stage" -le 2 ] && [ "$stop_stage" -ge 2 ]; then
+  log "Stage 2: train: $(shard_dir train "$train") + $(shard_dir valid "$valid") -> $exp"
+  $python recipes/finetune/train.py "${train_args[@]}" --do_test=False "${passthrough[@]}"
+fi
+
+if [ "$stage" -le 3 ] && [ "$stop_stage" -ge 3 ]; then
+  log "Stage 3: decode + score: $test_parquets -> $exp/results.json"
+  $python recipes/finetune/train.py "${train_args[@]}" --do_train=False "${passthrough[@]}"
+  $python local/results_table.py "$exp/results.json"
 fi

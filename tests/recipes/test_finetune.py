@@ -1,0 +1,147 @@
+"""recipes/finetune: run.sh stages on tiny espeak-ng shards, config errors, exact resume."""
+
+import json
+import os
+import re
+import subprocess
+import sys
+
+import pytest
+
+from common.recipe import ConfigError, load_checked_hparams
+from local import train_tokenizer
+from recipes.finetune import train
+
+REPO = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
+RUN_SH = os.path.join(REPO, "recipes", "finetune", "run.sh")
+CONFIGS = os.path.join(REPO, "recipes", "finetune", "hparams")
+# A model small enough to train a few epochs in seconds; the demo config's design otherwise.
+TINY = ["--d_model=32", "--nhead=2", "--num_encoder_layers=1", "--num_decoder_layers=1", "--d_ffn=64",
+        "--max_batch_seconds=20.0", "--num_workers=0", "--warmup_steps=4", "--lr_peak=0.003",
+        "--beam_size=2", "--noprogressbar"]
+
+
+def run_sh(*args, check=True):
+    """Run recipes/finetune/run.sh with this interpreter; returns the CompletedProcess."""
+    env = dict(os.environ, PYTHON=sys.executable)
+    result = subprocess.run(["bash", RUN_SH, *args], capture_output=True, text=True, env=env)
+    if check and result.returncode != 0:
+        raise AssertionError(f"run.sh {args} failed:\n{result.stdout}\n{result.stderr}")
+    return result
+
+
+def data_options(speech_shards):
+    """run.sh options pointing at the session's shard folders (no synthesis, no sharding)."""
+    return ["--train", str(speech_shards["train"]), "--valid", str(speech_shards["dev"]),
+            "--test", str(speech_shards["test"])]
+
+
+@pytest.fixture(scope="module")
+def tokenizer_file(speech_shards, tmp_path_factory):
+    """A 60-piece BPE tokenizer of the tiny corpus' transcripts."""
+    out = tmp_path_factory.mktemp("tokenizer")
+    texts = train_tokenizer.read_texts([str(speech_shards["train"])])
+    return train_tokenizer.train_tokenizer(texts, str(out), 60, "bpe")
+
+
+def train_argv(speech_shards, tokenizer_file, exp, *extra):
+    """train.py arguments for the demo config on the tiny shards with the TINY model."""
+    parquet = {split: f"{folder}/metadata_pool.parquet" for split, folder in speech_shards.items()}
+    return [os.path.join(CONFIGS, "demo.yaml"), f"--output_folder={exp}", f"--tokenizer_file={tokenizer_file}",
+            f"--train_parquet={parquet['train']}", f"--valid_parquet={parquet['dev']}",
+            f"--test_parquets=[{parquet['test']}]", *TINY, *extra]
+
+
+def epoch_losses(train_log):
+    """Train loss per epoch from a SpeechBrain train_log.txt."""
+    return [float(v) for v in re.findall(r"epoch: \d+.*?train loss: ([-+.\de]+)", open(train_log).read())]
+
+
+def test_run_sh_trains_decodes_and_scores_with_every_output(speech_shards, tmp_path):
+    """Stages 1-3 on shard folders: the training loss goes down over 4 epochs, and the experiment
+    folder holds the resolved config, the command, train_log, TensorBoard events, alignments,
+    the averaged checkpoint, results.txt and results.json; the results table is printed."""
+    exp = tmp_path / "exp"
+    result = run_sh("--stage", "1", "--data", str(tmp_path / "data"), "--vocab_size", "60",
+                    "--exp", str(exp), *data_options(speech_shards), "--", "--number_of_epochs=4", *TINY)
+    for stage in ("Stage 1: tokenizer", "Stage 2: train", "Stage 3: decode + score"):
+        assert stage in result.stderr
+    assert "Stage 0" not in result.stderr
+    losses = epoch_losses(exp / "train_log.txt")
+    assert len(losses) == 4 and losses[-1] < 0.95 * losses[0], losses  # seeded: 3.63 -> 3.38
+    results = json.loads((exp / "results.json").read_text())["test"]
+    assert results["num_utterances"] == 8 and 0 <= results["cer"] and "wer" in results["ctc_greedy"]
+    assert results["config"].endswith("demo.yaml") and os.path.isfile(results["checkpoint"])
+    for name in ("hyperparams.yaml", "command.txt", "wer_test.txt", "wer_test_ctc_greedy.txt",
+                 "averaged.ckpt", "results.txt"):
+        assert (exp / name).is_file(), name
+    assert any(name.startswith("events.out.tfevents") for name in os.listdir(exp / "tensorboard"))
+    assert "number_of_epochs: 4" in (exp / "hyperparams.yaml").read_text()
+    table = result.stdout[result.stdout.rindex("experiment "):].splitlines()  # printed last
+    assert table[0].split()[:4] == ["experiment", "split", "WER", "%"] and table[2].split()[:2] == ["exp", "test"]
+
+
+def test_interrupted_training_resumes_at_the_next_batch(speech_shards, tokenizer_file, tmp_path, monkeypatch):
+    """Killed during update 5 with checkpoints every 2 updates, a rerun restarts after update 4 with
+    exactly the planned 5th batch of the same epoch, and goes on to the end of the epoch."""
+    seen, planned = [], []
+
+    def record(brain, batch, should_step):
+        planned[:] = planned or brain.train_loader.planned_keys(brain.train_loader.epoch)
+        seen.append((brain.optimizer_step, list(batch.id)))
+        if len(seen) == 5 and not getattr(brain, "resumed", False):
+            raise KeyboardInterrupt
+
+    monkeypatch.setattr(train.ASR, "on_fit_batch_start", record)
+    argv = train_argv(speech_shards, tokenizer_file, tmp_path / "exp", "--number_of_epochs=1",
+                      "--ckpt_interval_steps=2", "--ckpt_interval_minutes=0", "--do_test=False")
+    with pytest.raises(KeyboardInterrupt):
+        train.main(argv)
+    interrupted, seen[:] = list(seen), []
+    monkeypatch.setattr(train.ASR, "resumed", True, raising=False)
+    train.main(argv)
+    assert [step for step, _ in interrupted] == [0, 1, 2, 3, 4]
+    assert seen[0] == (4, interrupted[4][1])
+    assert [keys for _, keys in interrupted[:4] + seen] == planned
+
+
+def test_speech_translation_config_targets_the_translation_and_scores_bleu(speech_shards, tmp_path):
+    """demo_st.yaml: the targets are the Pig Latin translations led by the <pig> tag (fed, never
+    predicted); results.json holds BLEU and the alignments compare against translations."""
+    texts = train_tokenizer.read_texts([str(speech_shards["train"])], text_field="translation")
+    tokenizer = train_tokenizer.train_tokenizer(texts, str(tmp_path / "tok"), 60, "bpe", ["<pig>"])
+    argv = train_argv(speech_shards, tokenizer, tmp_path / "exp", "--number_of_epochs=1")
+    train.main([os.path.join(CONFIGS, "demo_st.yaml")] + argv[1:])
+    results = json.loads((tmp_path / "exp" / "results.json").read_text())["test"]
+    assert "bleu" in results and results["num_utterances"] == 8
+    alignments = (tmp_path / "exp" / "wer_test.txt").read_text()
+    assert "ethay" in alignments and "<pig>" not in alignments  # "the" in Pig Latin; no tag
+
+
+def test_config_errors_are_caught_before_any_work(speech_shards, tokenizer_file, tmp_path):
+    """A mistyped override names the closest key; an unset !PLACEHOLDER names the key to set."""
+    argv = train_argv(speech_shards, tokenizer_file, tmp_path / "exp")
+    with pytest.raises(ConfigError, match='"max_batch_secnds".*Did you mean "max_batch_seconds"'):
+        train.main(argv + ["--max_batch_secnds=10"])
+    without_tokenizer = [a for a in argv if not a.startswith("--tokenizer_file")]
+    with pytest.raises(ConfigError, match="tokenizer_file is a !PLACEHOLDER.*--tokenizer_file="):
+        train.main(without_tokenizer)
+    assert not (tmp_path / "exp").exists()
+
+
+@pytest.mark.parametrize("config", sorted(os.listdir(CONFIGS)))
+def test_every_config_builds_its_model(config, tokenizer_file):
+    """Each shipped config (derived ones through their base) loads and builds its model."""
+    hparams = load_checked_hparams(os.path.join(CONFIGS, config), {
+        "train_parquet": "x", "valid_parquet": "x", "test_parquets": ["x"], "tokenizer_file": tokenizer_file})
+    assert hparams["model"].seq_lin.w.out_features == 60
+
+
+def test_run_sh_rejects_unknown_options_and_runs_only_the_chosen_stages(speech_shards, tmp_path):
+    """--bogus exits 2 with the usage; --stage 1 --stop_stage 1 trains the tokenizer and nothing else."""
+    bogus = run_sh("--bogus", "1", check=False)
+    assert bogus.returncode == 2 and "unknown option --bogus" in bogus.stderr and "Usage:" in bogus.stderr
+    result = run_sh("--stage", "1", "--stop_stage", "1", "--data", str(tmp_path / "data"), "--vocab_size", "60",
+                    "--exp", str(tmp_path / "exp"), *data_options(speech_shards))
+    assert re.findall(r"Stage \d", result.stderr) == ["Stage 1"]
+    assert (tmp_path / "data" / "tokenizer" / "bpe_60.model").is_file() and not (tmp_path / "exp").exists()
