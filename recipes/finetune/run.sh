@@ -5,6 +5,7 @@
 #   bash recipes/finetune/run.sh --train my/train.jsonl --valid my/dev.jsonl --test "my/test.jsonl"
 #   bash recipes/finetune/run.sh --stage 2 --stop_stage 2 -- --max_batch_seconds=100
 #   bash recipes/finetune/run.sh --config hparams/demo_st.yaml   # speech translation of the demo
+#   bash recipes/finetune/run.sh --pretrained exp/pretrain_demo  # from recipes/pretrain/run.sh
 #
 # Data options take anything local/make_shards.py reads (a .jsonl/.tsv manifest, a Kaldi folder, a
 # folder of audio) or a shard folder made by it. Each stage is safe to rerun: training resumes from
@@ -23,11 +24,12 @@ vocab_size=300      # SentencePiece pieces, special ones included (300: near who
 token_type=bpe      # unigram | bpe | char
 config=hparams/demo.yaml  # train.py config, relative to recipes/finetune/ or to the repository
 exp=""              # experiment folder (default: exp/finetune_<config name>)
+pretrained=""       # a recipes/pretrain experiment folder: start from its weights, use its tokenizer
 jobs=$(nproc)       # processes for synthesis and shard encoding
 python=${PYTHON:-.venv/bin/python}
 usage="Usage: $0 [--stage N] [--stop_stage N] [--data DIR] [--train PATH] [--valid PATH]
        [--test \"PATH ...\"] [--vocab_size N] [--token_type unigram|bpe|char] [--config YAML]
-       [--exp DIR] [--jobs N] [-- train.py overrides]"
+       [--exp DIR] [--pretrained DIR] [--jobs N] [-- train.py overrides]"
 . local/parse_options.sh
 # On a CPU shared with other jobs, run with OMP_WAIT_POLICY=PASSIVE (or GOMP_SPINCOUNT=1000): the
 # spinning OpenMP threads of two processes starve each other (a demo training step measured 3 instead
@@ -75,7 +77,11 @@ prefix_tokens=$($python local/config_value.py "$config" prefix_tokens)
 tokenizer_dir=$data/tokenizer
 [ "$text_field" = text ] || tokenizer_dir=$data/tokenizer_$text_field
 tokenizer=$tokenizer_dir/${token_type}_${vocab_size}.model
-if [ "$stage" -le 1 ] && [ "$stop_stage" -ge 1 ]; then
+[ -z "$pretrained" ] || tokenizer=$pretrained/tokenizer.model  # token ids must match the weights
+if [ -n "$pretrained" ] && [ "$stage" -le 1 ] && [ "$stop_stage" -ge 1 ]; then
+  log "Stage 1: tokenizer: the pretrained one, $tokenizer"
+  [ -f "$tokenizer" ] || { echo "Error: $tokenizer not found: run recipes/pretrain/run.sh first" >&2; exit 2; }
+elif [ "$stage" -le 1 ] && [ "$stop_stage" -ge 1 ]; then
   log "Stage 1: tokenizer: $(shard_dir train "$train") ($text_field) -> $tokenizer"
   $python local/train_tokenizer.py "$(shard_dir train "$train")" "$tokenizer_dir" \
     --vocab-size "$vocab_size" --model-type "$token_type" --text-field "$text_field" \
@@ -89,6 +95,7 @@ done
 train_args=("$config" "--output_folder=$exp" "--tokenizer_file=$tokenizer"
   "--train_parquet=$(shard_dir train "$train")/metadata_pool.parquet"
   "--valid_parquet=$(shard_dir valid "$valid")/metadata_pool.parquet" "--test_parquets=[$test_parquets]")
+[ -z "$pretrained" ] || train_args+=("--pretrained=$pretrained")
 
 if [ "$stage" -le 2 ] && [ "$stop_stage" -ge 2 ]; then
   log "Stage 2: train: $(shard_dir train "$train") + $(shard_dir valid "$valid") -> $exp"

@@ -26,8 +26,10 @@ from common.data import Tokenizer, make_speech_loader  # noqa: E402
 from common.decoding import beam_search, build_beam_searcher, ctc_greedy, ids_to_text  # noqa: E402
 from common.evaluation import average_best_checkpoints, record_results  # noqa: E402
 from common.metrics import TranscriptMetrics  # noqa: E402
+from common.models.transfer import check_same_tokenizer, load_pretrained  # noqa: E402
 from common.objectives import joint_ctc_attention_loss  # noqa: E402
 from common.recipe import prepare_experiment  # noqa: E402
+from common.training import after_update  # noqa: E402
 
 logger = logging.getLogger(__name__)
 
@@ -75,15 +77,8 @@ class ASR(sb.Brain):
 
     def on_fit_batch_end(self, batch, outputs, loss, should_step):
         """Noam step after each update; per-term losses to TensorBoard every log_interval_steps."""
-        if not should_step:
-            return
-        self.hparams.lr_scheduler(self.optimizer)
-        if self.optimizer_step % self.hparams.log_interval_steps == 0 and sb.utils.distributed.if_main_process():
-            writer = self.hparams.tensorboard_logger.writer
-            writer.add_scalar("train_step/loss", loss.item(), self.optimizer_step)
-            for term, value in self.term_averages().items():
-                writer.add_scalar(f"train_step/{term}", value, self.optimizer_step)
-            writer.add_scalar("train_step/lr", self.optimizer.param_groups[0]["lr"], self.optimizer_step)
+        if should_step:
+            after_update(self, loss, self.term_averages)
 
     def on_stage_start(self, stage, epoch=None):
         """Start the loader's epoch (resume-aware); fresh term sums and metrics."""
@@ -186,6 +181,14 @@ def split_name(parquet):
     return os.path.basename(os.path.dirname(os.path.abspath(parquet)))
 
 
+def init_from_pretrained(hparams):
+    """Load the pretrained graph and feature statistics by name (a resumed run's own checkpoint,
+    recovered when fit starts, overrides them)."""
+    check_same_tokenizer(hparams["pretrained"], hparams["tokenizer_file"])
+    load_pretrained(hparams["pretrained"], {"model": hparams["model"], "normalize": hparams["graph"]["normalize"]},
+                    collect_in=os.path.join(hparams["save_folder"], "pretrained"))
+
+
 def main(argv):
     hparams, run_opts = prepare_experiment(argv)
     hparams["config_file"] = argv[0]
@@ -193,6 +196,8 @@ def main(argv):
                 run_opts=run_opts, checkpointer=hparams["checkpointer"])
     brain.tokenizer = Tokenizer(hparams["tokenizer_file"])
     brain.prefix_ids = [brain.tokenizer.piece_id(token) for token in hparams["prefix_tokens"]]
+    if hparams["do_train"] and hparams["pretrained"]:
+        init_from_pretrained(hparams)
     if hparams["do_train"]:
         rank, world_size = int(os.environ.get("RANK", 0)), int(os.environ.get("WORLD_SIZE", 1))
         brain.train_loader = speech_loader(hparams, hparams["train_parquet"], True, rank, world_size)

@@ -12,9 +12,9 @@ import sys
 import pytest
 import torch
 
-from common.models.transfer import load_pretrained
 from common.recipe import load_checked_hparams
 from local import extract_units, make_text_shards, train_tokenizer
+from recipes.finetune import train as finetune_train
 from recipes.pretrain import train
 
 REPO = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
@@ -76,21 +76,35 @@ def test_one_epoch_trains_every_task_and_checkpoints_the_loader(pretrained):
     assert (pretrained / "tokenizer.model").is_file()
 
 
+def finetune_hparams(pretrained, speech_shards, tmp_path, tokenizer=None):
+    """The finetune demo config with the tiny sizes, starting from ``pretrained``."""
+    parquet = f"{speech_shards['train']}/metadata_pool.parquet"
+    return load_checked_hparams(FINETUNE_DEMO, {
+        "output_folder": str(tmp_path / "ft"), "tokenizer_file": str(tokenizer or pretrained / "tokenizer.model"),
+        "train_parquet": parquet, "valid_parquet": parquet, "test_parquets": [parquet],
+        "pretrained": str(pretrained), **{arg[2:].split("=")[0]: int(arg.split("=")[1]) for arg in TINY_MODEL}})
+
+
+def test_finetuning_with_another_tokenizer_is_refused(pretrained, speech_shards, tmp_path):
+    """Token ids of another tokenizer mean other pieces: the error names the tokenizer to use."""
+    texts = train_tokenizer.read_texts([str(speech_shards["train"])])
+    other = train_tokenizer.train_tokenizer(texts, str(tmp_path / "other"), 60, "unigram", ["<mask>"])
+    with pytest.raises(ValueError, match="tokenizer.model"):
+        finetune_train.init_from_pretrained(finetune_hparams(pretrained, speech_shards, tmp_path, other))
+
+
 def test_finetune_graph_loads_the_pretrained_encoder_embedding_and_decoder_by_name(pretrained,
                                                                                    speech_shards, tmp_path):
-    """The finetune demo config (same tiny sizes) gets every tensor of the pretrained model.ckpt,
-    the encoder, token embedding and decoder included, and the feature statistics."""
-    parquet = f"{speech_shards['train']}/metadata_pool.parquet"
-    hparams = load_checked_hparams(FINETUNE_DEMO, {
-        "output_folder": str(tmp_path / "ft"), "tokenizer_file": str(pretrained / "tokenizer.model"),
-        "train_parquet": parquet, "valid_parquet": parquet, "test_parquets": [parquet],
-        **{arg[2:].split("=")[0]: int(arg.split("=")[1]) for arg in TINY_MODEL}})
+    """The finetune recipe's --pretrained loading (demo config, same tiny sizes) gives its model every
+    tensor of the pretrained model.ckpt, encoder, token embedding and decoder included, and the
+    feature statistics."""
+    hparams = finetune_hparams(pretrained, speech_shards, tmp_path)
     model, normalize = hparams["model"], hparams["graph"]["normalize"]
     checkpoint = glob.glob(str(pretrained / "save" / "CKPT+*"))[-1]
     source = torch.load(os.path.join(checkpoint, "model.ckpt"))
     encoder_key = next(k for k in source if k.startswith("transformer.encoder."))
     assert not torch.equal(model.state_dict()[encoder_key], source[encoder_key])
-    load_pretrained(str(pretrained), {"model": model, "normalize": normalize}, str(tmp_path / "collect"))
+    finetune_train.init_from_pretrained(hparams)
     loaded = model.state_dict()
     assert set(loaded) == set(source)
     for name, tensor in source.items():
