@@ -19,8 +19,10 @@ $(VENV)/.installed: requirements.txt
 system-packages:
 	@bash local/install_system_packages.sh espeak-ng
 
+# The demo pretrains (unlabelled speech, text, text pairs) and finetunes from the result.
 demo: setup
-	bash recipes/finetune/run.sh --data $(DEMO_DIR)
+	bash recipes/pretrain/run.sh --data $(DEMO_DIR)
+	bash recipes/finetune/run.sh --data $(DEMO_DIR) --pretrained exp/pretrain_demo
 
 test: setup
 	$(PY) -m pytest

@@ -13,8 +13,9 @@ Both are scored on the test split (held-out voice) with the config's beam search
 WER at least 15 % lower (relative) than from scratch.
 
 Prints a table (WER, CER, relative WER gain vs scratch) and the commands run; with --json the last
-line is {"scratch": {...}, "pretrained": {...}, "relative_wer_gain": x}. About 35-45 min on 2 CPU
-cores with the defaults (pretraining ~10-15 min, each finetune ~10 min, data and units ~5 min).
+line is {"scratch": {...}, "pretrained": {...}, "relative_wer_gain": x}. About 35 min on 2 quiet CPU
+cores with the defaults (units ~2 min, pretraining ~11 min, each finetune ~9 min; add ~5 min when
+the demo corpus must first be synthesized); much longer on cores shared with other jobs.
 """
 
 import argparse
