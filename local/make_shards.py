@@ -184,8 +184,9 @@ def select_core(rows, args, keep_keys=None):
     return [row for row in rows if passes(row)]
 
 
-def write_outputs(out_dir, sealed, rejects, args):
-    """Write the pool and core parquets, rejects.jsonl and summary.json from the sealed shards."""
+def write_outputs(out_dir, sealed, rejects, args, last_run):
+    """Write the pool and core parquets, rejects.jsonl and summary.json from the sealed shards;
+    ``last_run`` (this run's encoding figures) goes into the summary as it is."""
     rows = [row for sidecar in sealed for row in sidecar["rows"]]
     keep_keys = None
     if args.core_keys:
@@ -198,7 +199,8 @@ def write_outputs(out_dir, sealed, rejects, args):
                       "".join(json.dumps(r, ensure_ascii=False) + "\n" for r in rejects))
     summary = {"kept": len(rows), "core": len(core), "rejected": len(rejects),
                "rejected_by_reason": dict(collections.Counter(r["reason"] for r in rejects)),
-               "hours": sum(r["duration"] for r in rows) / 3600, "shards": len(sealed)}
+               "hours": sum(r["duration"] for r in rows) / 3600, "shards": len(sealed),
+               "last_run": last_run}
     atomic_write_text(os.path.join(out_dir, "summary.json"), json.dumps(summary, indent=2) + "\n")
     return summary
 
@@ -220,10 +222,12 @@ def main(argv=None):
     began = time.time()
     encode_all(entries, args, assembler, start)
     sealed += assembler.sealed
-    encoded_s = sum(row["duration"] for sidecar in assembler.sealed for row in sidecar["rows"])
+    last_run = {"jobs": args.jobs, "encode_wall_s": round(time.time() - began, 3),
+                "encoded_audio_s": sum(row["duration"] for sidecar in assembler.sealed
+                                       for row in sidecar["rows"])}
     rejects = read_rejects + [r for sidecar in sealed for r in sidecar["rejects"]] + assembler.rejects
-    summary = write_outputs(args.out_dir, sealed, rejects, args)
-    report(summary, encoded_s, time.time() - began, args)
+    summary = write_outputs(args.out_dir, sealed, rejects, args, last_run)
+    report(summary)
     if summary["kept"] == 0:
         fail(f"no usable sample in {args.input}: {summary['rejected_by_reason'] or 'no entries found'} "
              f"(see {os.path.join(args.out_dir, 'rejects.jsonl')})", status=1)
@@ -234,12 +238,14 @@ def fail(message, status):
     sys.exit(status)
 
 
-def report(summary, encoded_s, wall_s, args):
+def report(summary):
     logger.info("kept %d samples (%.2f h) in %d shards; core %d; rejected %d %s", summary["kept"],
                 summary["hours"], summary["shards"], summary["core"], summary["rejected"],
                 summary["rejected_by_reason"] or "")
-    logger.info("this run encoded %.0f s of audio in %.1f s: %.1fx realtime with %d jobs -> %s",
-                encoded_s, wall_s, encoded_s / max(wall_s, 1e-9), args.jobs, args.out_dir)
+    run = summary["last_run"]
+    logger.info("this run encoded %.0f s of audio in %.1f s: %.1fx realtime with %d jobs",
+                run["encoded_audio_s"], run["encode_wall_s"],
+                run["encoded_audio_s"] / max(run["encode_wall_s"], 1e-9), run["jobs"])
 
 
 if __name__ == "__main__":
