@@ -76,10 +76,12 @@ def loader_rate(parquet, tokenizer, workers, features_in_worker):
 def main(argv=None):
     parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     parser.add_argument("--json", action="store_true", help="end with one JSON line of the figures")
+    parser.add_argument("--utterances-per-shard", type=int, default=48,
+                        help="8 shards of 2-8 s utterances; more amortizes worker start-up")
     args = parser.parse_args(argv)
     with tempfile.TemporaryDirectory() as folder:
         folder = Path(folder)
-        parquet = write_shards(folder, [12] * 8, min_seconds=2.0, max_seconds=8.0)
+        parquet = write_shards(folder, [args.utterances_per_shard] * 8, min_seconds=2.0, max_seconds=8.0)
         tokenizer = train_tiny_tokenizer(folder)
         limit = independent_limit(read_speech_metadata(parquet).shard_paths)
         rows = {f"tandem_{w}_workers": (w, loader_rate(parquet, tokenizer, w, True)) for w in (0, 1, 2)}
