@@ -13,7 +13,7 @@ model instead of fitting one (validation splits, new corpora).
 
 Resumable: each shard's units go to ``OUT_DIR/parts/{shard}.parquet`` (written under a temporary
 name, renamed when complete); a rerun keeps the parts made with the same k-means and the fitted model,
-and refuses a folder made with other options.
+removes the temporary files of a killed run and refuses a folder made with other options.
 
 Later iterations use another feature extractor: ``--features package.module:factory`` with
 ``--feature-options '{"json": "kwargs"}'``; ``factory(**options)`` returns an object with
@@ -23,6 +23,7 @@ states of one layer of a pretrained encoder).
 """
 
 import argparse
+import glob
 import hashlib
 import importlib
 import json
@@ -209,6 +210,14 @@ def fit_info_of(info):
     return {k: info[k] for k in ("fit_utterances", "fit_frames", "fit_fraction", "seed") if k in info}
 
 
+def remove_temporaries(out_dir):
+    """Delete the temporary files (``NAME.tmp<pid>``) of writes a killed run left unfinished."""
+    for folder in (out_dir, os.path.join(out_dir, PARTS)):
+        for stale in glob.glob(os.path.join(glob.escape(folder), "*.tmp[0-9]*")):
+            logger.info("removing %s, left by an interrupted run", stale)
+            os.remove(stale)
+
+
 def label_shard(job):
     """Worker: units of every sample of one shard -> parts/{shard}.parquet (atomic). Returns counts."""
     path, keys, out_part, spec, options, centres, info = job
@@ -267,6 +276,7 @@ def main(argv=None):
         extractor = load_feature_extractor(args.features, json.loads(args.feature_options))
         by_shard = samples_by_shard(args.shard_dir)
         os.makedirs(args.out_dir, exist_ok=True)
+        remove_temporaries(args.out_dir)
         centres, info = prepare_kmeans(args, by_shard, extractor)
     except (FileNotFoundError, ValueError) as error:
         print(f"error: {error}", file=sys.stderr)

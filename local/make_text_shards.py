@@ -16,11 +16,13 @@ symbols). Whitespace is collapsed.
 Bad lines never stop a run: undecodable UTF-8, empty text, a missing or empty target, extra fields,
 malformed JSON, text over ``--max-chars`` and exact duplicates go to ``OUT.rejects.jsonl`` (line number,
 reason, detail), counted in the log. The parquet is written under a temporary name and renamed, so a
-rerun simply rewrites it. Exit status: 0 on success, 1 when no line could be used, 2 on a usage error.
+rerun (after kill -9 too) simply rewrites it, removing the temporary files a killed run left.
+Exit status: 0 on success, 1 when no line could be used, 2 on a usage error.
 """
 
 import argparse
 import collections
+import glob
 import json
 import logging
 import os
@@ -155,12 +157,21 @@ def check_args(args):
         raise ValueError("--tgt-lang is for --paired text: drop it or add --paired")
 
 
+def remove_temporaries(path):
+    """Delete the temporary files (``PATH.tmp<pid>``) a killed run left beside ``path``."""
+    for stale in glob.glob(glob.escape(path) + ".tmp[0-9]*"):
+        logger.info("removing %s, left by an interrupted run", stale)
+        os.remove(stale)
+
+
 def write_outputs(args, rows, rejects):
-    """The parquet and OUT.rejects.jsonl, both atomically."""
+    """The parquet and OUT.rejects.jsonl, both atomically (temporaries of a killed run removed)."""
     os.makedirs(os.path.dirname(os.path.abspath(args.output)), exist_ok=True)
+    rejects_path = os.path.splitext(args.output)[0] + ".rejects.jsonl"
+    remove_temporaries(args.output)
+    remove_temporaries(rejects_path)
     with atomic_path(args.output) as temporary:
         pq.write_table(pa.Table.from_pylist(rows, schema=TEXT_SCHEMA), temporary)
-    rejects_path = os.path.splitext(args.output)[0] + ".rejects.jsonl"
     atomic_write_text(rejects_path, "".join(json.dumps(r, ensure_ascii=False) + "\n" for r in rejects))
     return rejects_path
 

@@ -8,6 +8,7 @@ import pytest
 from common.data import make_text_loader
 from local import make_text_shards
 from tests.common.data.conftest import train_tiny_tokenizer
+from tests.local.test_extract_units import kill_at_rename, run_to_the_end, temporary_files
 
 PAIRED_LINES = [
     b"the cat sat\tthe mat sat\n",          # ok
@@ -68,3 +69,25 @@ def test_a_tsv_without_paired_is_a_usage_error(tmp_path):
     with pytest.raises(SystemExit) as exit_info:
         make_text_shards.main([str(tmp_path / "x.tsv"), str(tmp_path / "x.parquet")])
     assert exit_info.value.code == 2
+
+
+@pytest.mark.parametrize("stalled_write", ["*.parquet", "*.rejects.jsonl"])
+def test_rerun_after_kill_9_gives_the_uninterrupted_output(tmp_path, stalled_write):
+    """kill -9 with the parquet (or then the rejects file) complete under its temporary name only:
+    the rerun writes both exactly as an uninterrupted run does and leaves no temporary file."""
+    source = tmp_path / "pairs.txt"
+    source.write_bytes(b"".join(PAIRED_LINES))
+    options = ["--paired", "--lang", "en", "--tgt-lang", "fr", "--max-chars", "100"]
+    reference = tmp_path / "reference" / "pairs.parquet"
+    make_text_shards.main([str(source), str(reference), *options])
+    out = tmp_path / "killed" / "pairs.parquet"
+    command = ["local/make_text_shards.py", source, out, *options]
+    kill_at_rename(command, stalled_write, 1, tmp_path / "stalled")
+    assert temporary_files(out.parent) == [out.name if stalled_write == "*.parquet" else
+                                           out.with_suffix(".rejects.jsonl").name]
+    assert not out.with_suffix(".rejects.jsonl").exists()
+    run_to_the_end(command)
+    assert temporary_files(out.parent) == []
+    assert pq.read_table(out).equals(pq.read_table(reference))
+    assert (out.with_suffix(".rejects.jsonl").read_bytes()
+            == reference.with_suffix(".rejects.jsonl").read_bytes())
