@@ -57,18 +57,32 @@ def shard_members(path, bad_data):
         bad_data.record("truncated_shard", f"{path}: {error}")
 
 
-def decoded_audio(path, wanted, bad_data):
+def decoded_audio(path, wanted, bad_data, durations=None):
     """Yield ``(key, waveform)`` for the opus members of ``path`` whose key is in ``wanted``.
 
-    Unwanted members are read past without decoding; an undecodable one is counted and skipped.
+    Unwanted members are read past without decoding; an undecodable one is counted and skipped. With
+    ``durations`` ({key: seconds}, from the metadata), so is one that decodes to another length:
+    libsndfile silently drops an Ogg page whose checksum fails, so a corrupted member decodes short.
     """
     for key, extension, data in shard_members(path, bad_data):
         if extension != "opus" or key not in wanted:
             continue
         try:
-            yield key, decode_waveform(data)
+            waveform = decode_waveform(data)
+            if durations is not None:
+                check_duration(waveform, durations[key])
         except Exception as error:  # soundfile raises RuntimeError / LibsndfileError on bad data
             bad_data.record("undecodable", f"{key} in {path}: {error}")
+            continue
+        yield key, waveform
+
+
+def check_duration(waveform, seconds):
+    """Raises ValueError unless ``waveform`` (16 kHz) lasts ``seconds`` within one 20 ms Opus frame."""
+    decoded_s = len(waveform) / SAMPLE_RATE
+    if abs(decoded_s - seconds) > 0.02:
+        raise ValueError(f"decodes to {decoded_s:.3f} s but the metadata says {seconds:.3f} s (a corrupted "
+                         "Ogg page is dropped silently): rewrite the shard with local/make_shards.py")
 
 
 def choose_speeds(count, speeds, rng):

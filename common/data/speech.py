@@ -107,7 +107,8 @@ class WaveformStream:
             wanted_keys = {metadata.keys[r]: int(r) for r in rows if int(r) in wanted}
             if wanted_keys:
                 before = bad_data["undecodable"]
-                for key, waveform in decoded_audio(metadata.shard_paths[shard], wanted_keys, bad_data):
+                durations = {key: metadata.durations[row] for key, row in wanted_keys.items()}
+                for key, waveform in decoded_audio(metadata.shard_paths[shard], wanted_keys, bad_data, durations):
                     row = wanted_keys.pop(key)
                     self.ready[row] = waveform
                     yield self.position_of[row]
