@@ -13,6 +13,7 @@ an error that names the key and the fix.
 """
 
 import atexit
+import dataclasses
 import difflib
 import logging
 import os
@@ -22,7 +23,8 @@ import sys
 
 import ruamel.yaml
 import speechbrain as sb
-from hyperpyyaml import load_hyperpyyaml
+import torch
+from hyperpyyaml import load_hyperpyyaml, resolve_references
 from hyperpyyaml.core import recursive_update
 
 logger = logging.getLogger(__name__)
@@ -72,18 +74,19 @@ def check_value_type(key, default, value):
     )
 
 
-def check_keys(overrides, tree, where):
-    """Checks every key of ``overrides`` (nested mappings too) against the yaml ``tree``."""
+def check_keys(overrides, tree, where, parent=""):
+    """Checks every key of ``overrides`` (nested mappings too, named ``parent[key]``) against the
+    yaml ``tree``."""
     for key, value in overrides.items():
         if key not in tree:
             raise ConfigError(
                 f'"{key}" is not a key of {where}.{closest_key_hint(key, tree.keys())}'
             )
-        default = tree[key]
+        default, name = tree[key], f"{parent}[{key}]" if parent else key
         if isinstance(value, dict) and isinstance(default, dict):
-            check_keys(value, default, f"{where}[{key}]")
+            check_keys(value, default, f"{where}[{key}]", name)
         else:
-            check_value_type(key, default, value)
+            check_value_type(name, default, value)
 
 
 def check_include_parameters(tree, folder, where):
@@ -118,16 +121,25 @@ def resolve_derived_config(hparams_file, overrides=None):
     return resolve_derived_config(base, tree)  # keys are checked against the last base on loading
 
 
-def load_checked_hparams(hparams_file, overrides=""):
+def preview_config(hparams_file, overrides):
+    """The config's values with references and overrides resolved, nothing built yet (``!new:`` and
+    ``!apply:`` stay unresolved tags)."""
+    with open(hparams_file, encoding="utf-8") as f:
+        return ruamel.yaml.YAML().load(resolve_references(f, overrides))
+
+
+def load_checked_hparams(hparams_file, overrides="", input_keys=None):
     """Loads ``hparams_file`` with ``overrides`` (yaml text or dict), after checking both.
 
-    ``hparams_file`` may be a derived config (see ``resolve_derived_config``).
+    ``hparams_file`` may be a derived config (see ``resolve_derived_config``). ``input_keys(values)``
+    lists the keys whose paths must exist: checked before any object of the config is built.
 
     Raises
     ------
     ConfigError
         For an override key the config lacks (naming the closest key), a value of the
-        wrong type, a misspelled ``!include:`` parameter, or an unset ``!PLACEHOLDER``.
+        wrong type, a misspelled ``!include:`` parameter, an unset ``!PLACEHOLDER``, or an input
+        path that does not exist.
     """
     derived_file = hparams_file
     hparams_file, overrides = resolve_derived_config(hparams_file, overrides)
@@ -136,6 +148,9 @@ def load_checked_hparams(hparams_file, overrides=""):
                f"{hparams_file} (the base of {derived_file})")
     check_include_parameters(tree, os.path.dirname(os.path.abspath(hparams_file)), "")
     try:
+        if input_keys is not None:
+            values = preview_config(hparams_file, overrides)
+            check_input_paths(values, input_keys(values))
         with open(hparams_file, encoding="utf-8") as f:
             return load_hyperpyyaml(f, overrides)
     except ValueError as error:
@@ -184,13 +199,39 @@ def create_output_folder(hparams, hparams_file, overrides, argv):
             f.write(shlex.join(["python", sys.argv[0], *argv]) + "\n")
 
 
-def prepare_experiment(argv):
+def check_input_paths(hparams, keys):
+    """Raises ConfigError for a path under one of ``keys`` (a path, a list of paths or null) that does
+    not exist, naming the key, the path and how to make it."""
+    for key in keys:
+        value = hparams.get(key)
+        for path in value if isinstance(value, (list, tuple)) else [value]:
+            if path is not None and not os.path.exists(str(path)):
+                raise ConfigError(
+                    f"{key}: {path} does not exist: fix --{key}=... or make it first (shards and their "
+                    "parquet: local/make_shards.py; tokenizer: local/train_tokenizer.py; units: "
+                    "local/extract_units.py; or the recipe's run.sh stages)")
+
+
+def choose_distributed_backend(run_opts):
+    """``run_opts`` with the gloo backend when torchrun runs on a machine without CUDA
+    (SpeechBrain's default, nccl, needs GPUs); else unchanged."""
+    launched = os.environ.get("RANK") is not None and os.environ.get("LOCAL_RANK") is not None
+    if launched and run_opts["distributed_backend"] == "nccl" and not torch.cuda.is_available():
+        logger.info("No CUDA device: the DDP group uses the gloo backend (CPU)")
+        return dataclasses.replace(run_opts, distributed_backend="gloo",
+                                   overridden_args={*run_opts.overridden_args, "distributed_backend"})
+    return run_opts
+
+
+def prepare_experiment(argv, input_keys=None):
     """Parses ``train.py hparams.yaml --key=value ...`` (``argv`` without the script), loads
-    and checks the config, joins the DDP group when launched by torchrun, creates the
-    experiment folder. Returns ``(hparams, run_opts)`` for ``sb.Brain``."""
+    and checks the config (and that the paths under ``input_keys(values)`` exist), joins the DDP
+    group when launched by torchrun, creates the experiment folder. Returns ``(hparams, run_opts)``
+    for ``sb.Brain``."""
     hparams_file, run_opts, overrides = sb.parse_arguments(argv)
     hparams_file, overrides = resolve_derived_config(hparams_file, overrides)
-    hparams = load_checked_hparams(hparams_file, overrides)
+    hparams = load_checked_hparams(hparams_file, overrides, input_keys)
+    run_opts = choose_distributed_backend(run_opts)
     sb.utils.distributed.ddp_init_group(run_opts)
     create_output_folder(hparams, hparams_file, overrides, argv)
     return hparams, run_opts

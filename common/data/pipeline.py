@@ -14,6 +14,7 @@ Tokenization, collation and features run in the dataloader workers.
 """
 
 import logging
+import os
 
 import numpy as np
 import sentencepiece
@@ -87,6 +88,9 @@ class Tokenizer:
 def vocab_size(model_path):
     """Number of pieces of a SentencePiece model (the model's output size); for configs:
     ``vocab_size: !apply:common.data.vocab_size [!ref <tokenizer_file>]``."""
+    if not os.path.isfile(str(model_path)):
+        raise FileNotFoundError(f"tokenizer_file: {model_path} does not exist: train one with "
+                                "local/train_tokenizer.py (run.sh stage 1) or fix --tokenizer_file=...")
     return Tokenizer(model_path).processor.get_piece_size()
 
 

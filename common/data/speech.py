@@ -11,7 +11,6 @@ import logging
 from collections import Counter
 
 import numpy as np
-import torch
 from torch.utils.data import DataLoader, IterableDataset, get_worker_info
 
 from common.data.audio import BadDataCounts, choose_speeds, decoded_audio, speed_perturb

@@ -6,6 +6,7 @@ restored stream replans its epoch and skips the consumed batches without reading
 
 import json
 import logging
+import time
 
 from speechbrain.dataio.dataloader import LoopedLoader
 from speechbrain.utils.checkpoints import mark_as_loader, mark_as_saver, register_checkpoint_hooks
@@ -29,6 +30,7 @@ class BatchStream(LoopedLoader):
     def __init__(self):
         self.epoch = 0
         self.position = 0  # batches of ``self.epoch`` already consumed
+        self.wait_seconds = 0.0  # time the consumer waited for batches in the current ``for`` loop
 
     def __len__(self):
         return self.batches_in_epoch(self.epoch)
@@ -39,8 +41,14 @@ class BatchStream(LoopedLoader):
             self.epoch, self.position = epoch, 0
 
     def __iter__(self):
-        epoch = self.epoch
-        for batch in self.epoch_batches(epoch, self.position):
+        epoch, self.wait_seconds = self.epoch, 0.0
+        batches = self.epoch_batches(epoch, self.position)
+        while True:
+            asked = time.perf_counter()
+            batch = next(batches, None)
+            self.wait_seconds += time.perf_counter() - asked
+            if batch is None:
+                break
             self.position += 1
             yield batch
         self.end_epoch(epoch)

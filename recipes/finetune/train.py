@@ -20,7 +20,6 @@ import logging  # noqa: E402
 from collections import defaultdict  # noqa: E402
 
 import speechbrain as sb  # noqa: E402
-import torch  # noqa: E402
 
 from common.data import Tokenizer, make_speech_loader  # noqa: E402
 from common.decoding import beam_search, build_beam_searcher, ctc_greedy, ids_to_text  # noqa: E402
@@ -29,7 +28,8 @@ from common.metrics import TranscriptMetrics  # noqa: E402
 from common.models.transfer import check_same_tokenizer, load_pretrained  # noqa: E402
 from common.objectives import joint_ctc_attention_loss  # noqa: E402
 from common.recipe import prepare_experiment  # noqa: E402
-from common.training import after_update  # noqa: E402
+from common.training import (after_update, data_wait_share, log_effective_batch, record_batch,  # noqa: E402
+                             start_stage_clock)
 
 logger = logging.getLogger(__name__)
 
@@ -76,7 +76,9 @@ class ASR(sb.Brain):
             self.metrics["beam"].append(batch.id, hyps, batch.text)
 
     def on_fit_batch_end(self, batch, outputs, loss, should_step):
-        """Noam step after each update; per-term losses to TensorBoard every log_interval_steps."""
+        """Batch log line; Noam step after each update; per-term losses to TensorBoard every
+        log_interval_steps."""
+        record_batch(self, batch, loss)
         if should_step:
             after_update(self, loss, self.term_averages)
 
@@ -84,6 +86,7 @@ class ASR(sb.Brain):
         """Start the loader's epoch (resume-aware); fresh term sums and metrics."""
         if stage == sb.Stage.TRAIN and self.train_loader is not None:
             self.train_loader.set_epoch(epoch)
+        start_stage_clock(self)
         self.term_sums, self.term_count = defaultdict(float), 0
         bleu = self.hparams.compute_bleu
         self.metrics = {"ctc_greedy": TranscriptMetrics(bleu=bleu), "beam": TranscriptMetrics(bleu=bleu)}
@@ -96,7 +99,7 @@ class ASR(sb.Brain):
         """Log the epoch's figures; checkpoint after validation; write results after a test split."""
         stats = {"loss": stage_loss, **self.term_averages()}
         if stage == sb.Stage.TRAIN:
-            self.train_stats = stats
+            self.train_stats = {**stats, "data_wait": round(data_wait_share(self), 4)}
             return
         primary = self.primary_metrics(stage)
         stats.update({key.upper(): value for key, value in primary.summary().items()})
@@ -121,7 +124,10 @@ class ASR(sb.Brain):
             **{f"{name}s": [value] for name, value in ranking(key).items()})
 
     def end_test(self, primary):
-        """Alignment files, results.json / results.txt and the test line of the train log."""
+        """Alignment files, results.json / results.txt and the test line of the train log (the main
+        process writes them; under torchrun every rank scores the whole split)."""
+        if not sb.utils.distributed.if_main_process():
+            return
         folder = self.hparams.output_folder
         primary.write(folder, self.split)
         self.metrics["ctc_greedy"].write(folder, f"{self.split}_ctc_greedy")
@@ -134,6 +140,7 @@ class ASR(sb.Brain):
 
     def on_fit_start(self):
         super().on_fit_start()
+        log_effective_batch(self, {"speech": (self.hparams.max_batch_seconds, "padded seconds")})
         self.build_searcher()
 
     def on_evaluate_start(self, max_key=None, min_key=None):
@@ -189,8 +196,14 @@ def init_from_pretrained(hparams):
                     collect_in=os.path.join(hparams["save_folder"], "pretrained"))
 
 
+def input_keys(hparams):
+    """The config keys naming files this run reads (checked before any work)."""
+    return (["tokenizer_file", "pretrained"] + (["train_parquet", "valid_parquet"] if hparams["do_train"] else [])
+            + (["test_parquets"] if hparams["do_test"] else []))
+
+
 def main(argv):
-    hparams, run_opts = prepare_experiment(argv)
+    hparams, run_opts = prepare_experiment(argv, input_keys)
     hparams["config_file"] = argv[0]
     brain = ASR(modules={"model": hparams["model"]}, opt_class=hparams["optimizer"], hparams=hparams,
                 run_opts=run_opts, checkpointer=hparams["checkpointer"])

@@ -36,7 +36,8 @@ from common.masking import mask_spans  # noqa: E402
 from common.objectives import masked_unit_loss, sequence_loss  # noqa: E402
 from common.recipe import prepare_experiment  # noqa: E402
 from common.text_noising import TextNoiser, noise_batch, ordinary_piece_ids  # noqa: E402
-from common.training import after_update  # noqa: E402
+from common.training import (after_update, data_wait_share, log_effective_batch, record_batch,  # noqa: E402
+                             start_stage_clock)
 
 logger = logging.getLogger(__name__)
 
@@ -100,18 +101,26 @@ class JointPretraining(sb.Brain):
         """Start the loader's epoch (resume-aware); fresh per-task sums."""
         if stage == sb.Stage.TRAIN and self.train_loader is not None:
             self.train_loader.set_epoch(epoch)
+        start_stage_clock(self)
         self.task_sums, self.task_batches = defaultdict(float), defaultdict(int)
 
     def on_fit_batch_end(self, batch, outputs, loss, should_step):
-        """Noam step after each update; per-task figures to TensorBoard every log_interval_steps."""
+        """Batch log line; Noam step after each update; per-task figures to TensorBoard every
+        log_interval_steps."""
+        record_batch(self, batch, loss)
         if should_step:
             after_update(self, loss, self.task_averages)
+
+    def on_fit_start(self):
+        super().on_fit_start()
+        log_effective_batch(self, {SPEECH: (self.hparams.max_batch_seconds, "padded seconds"),
+                                   "text": (self.hparams.max_batch_tokens, "padded tokens")})
 
     def on_stage_end(self, stage, stage_loss, epoch=None):
         """Log the epoch's per-task figures; checkpoint after validation (or training without one)."""
         stats = {"loss": stage_loss, **self.task_averages()}
         if stage == sb.Stage.TRAIN:
-            self.train_stats = stats
+            self.train_stats = {**stats, "data_wait": round(data_wait_share(self), 4)}
             if self.valid_loader is not None:
                 return
             stats = None
@@ -164,8 +173,12 @@ def used_keys(loader):
     return loader.metadata.keys[loader.metadata.shard_of_row >= 0].tolist()
 
 
+INPUT_KEYS = ("speech_parquets", "units_dirs", "valid_parquet", "valid_units_dir", "text_parquets",
+              "paired_parquets", "tokenizer_file")
+
+
 def main(argv):
-    hparams, run_opts = prepare_experiment(argv)
+    hparams, run_opts = prepare_experiment(argv, lambda hparams: INPUT_KEYS)
     shutil.copy(hparams["tokenizer_file"], os.path.join(hparams["output_folder"], "tokenizer.model"))
     brain = JointPretraining(modules={"pretrain": hparams["pretrain_model"]}, opt_class=hparams["optimizer"],
                              hparams=hparams, run_opts=run_opts, checkpointer=hparams["checkpointer"])

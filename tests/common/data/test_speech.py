@@ -2,7 +2,6 @@
 
 import tarfile
 
-import numpy as np
 import torch
 from speechbrain.utils.checkpoints import Checkpointer
 
