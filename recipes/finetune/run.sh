@@ -6,6 +6,7 @@
 #   bash recipes/finetune/run.sh --stage 2 --stop_stage 2 -- --max_batch_seconds=100
 #   bash recipes/finetune/run.sh --config hparams/demo_st.yaml   # speech translation of the demo
 #   bash recipes/finetune/run.sh --pretrained exp/pretrain_demo  # from recipes/pretrain/run.sh
+#   bash recipes/finetune/run.sh --stage 2 --nproc_per_node 8 ...  # torchrun DDP over 8 GPUs
 #
 # Data options take anything local/make_shards.py reads (a .jsonl/.tsv manifest, a Kaldi folder, a
 # folder of audio) or a shard folder made by it. Each stage is safe to rerun: training resumes from
@@ -26,11 +27,15 @@ config=hparams/demo.yaml  # train.py config, relative to recipes/finetune/ or to
 exp=""              # experiment folder (default: exp/finetune_<config name>)
 pretrained=""       # a recipes/pretrain experiment folder: start from its weights, use its tokenizer
 jobs=$(nproc)       # processes for synthesis and shard encoding
+nproc_per_node=1    # training processes (GPUs) on this node: more than 1 trains under torchrun
+torchrun_args=""    # several nodes: e.g. "--nnodes=2 --rdzv_backend=c10d --rdzv_endpoint=node0:29500 --rdzv_id=x"
 python=${PYTHON:-.venv/bin/python}
 usage="Usage: $0 [--stage N] [--stop_stage N] [--data DIR] [--train PATH] [--valid PATH]
        [--test \"PATH ...\"] [--vocab_size N] [--token_type unigram|bpe|char] [--config YAML]
-       [--exp DIR] [--pretrained DIR] [--jobs N] [-- train.py overrides]"
+       [--exp DIR] [--pretrained DIR] [--jobs N] [--nproc_per_node N] [--torchrun_args \"...\"]
+       [-- train.py overrides]"
 . local/parse_options.sh
+. local/launch_training.sh
 # On a CPU shared with other jobs, run with OMP_WAIT_POLICY=PASSIVE (or GOMP_SPINCOUNT=1000): the
 # spinning OpenMP threads of two processes starve each other (a demo training step measured 3 instead
 # of 135 audio-s/s beside another training job). Alone, spinning is ~2x faster, hence not the default.
@@ -99,7 +104,7 @@ train_args=("$config" "--output_folder=$exp" "--tokenizer_file=$tokenizer"
 
 if [ "$stage" -le 2 ] && [ "$stop_stage" -ge 2 ]; then
   log "Stage 2: train: $(shard_dir train "$train") + $(shard_dir valid "$valid") -> $exp"
-  $python recipes/finetune/train.py "${train_args[@]}" --do_test=False "${passthrough[@]}"
+  launch_training recipes/finetune/train.py "${train_args[@]}" --do_test=False "${passthrough[@]}"
 fi
 
 if [ "$stage" -le 3 ] && [ "$stop_stage" -ge 3 ]; then

@@ -6,6 +6,7 @@
 #       --text lm.en.txt --text_options "--lang en" --pairs en_fr.tsv --pairs_options "--lang en --tgt-lang fr" \
 #       --user_symbols "<mask>,<en>,<fr>" --config hparams/conformer.yaml
 #   bash recipes/pretrain/run.sh --stage 3 -- --number_of_epochs=5
+#   bash recipes/pretrain/run.sh --stage 3 --nproc_per_node 8 ...  # torchrun DDP over 8 GPUs
 #
 # Then finetune from it: bash recipes/finetune/run.sh --pretrained exp/pretrain_demo
 # Speech options take shard folders (local/make_shards.py); the demo's are made by the finetune
@@ -30,12 +31,15 @@ n_units=100         # k-means clusters (HuBERT iteration 1: 100)
 config=hparams/demo.yaml  # train.py config, relative to recipes/pretrain/ or to the repository
 exp=""              # experiment folder (default: exp/pretrain_<config name>)
 jobs=$(nproc)       # processes for data preparation
+nproc_per_node=1    # training processes (GPUs) on this node: more than 1 trains under torchrun
+torchrun_args=""    # several nodes: e.g. "--nnodes=2 --rdzv_backend=c10d --rdzv_endpoint=node0:29500 --rdzv_id=x"
 python=${PYTHON:-.venv/bin/python}
 usage="Usage: $0 [--stage N] [--stop_stage N] [--data DIR] [--train SHARDS] [--valid SHARDS]
        [--text PATH] [--text_options OPTS] [--pairs PATH] [--pairs_options OPTS] [--vocab_size N]
        [--token_type T] [--user_symbols LIST] [--n_units N] [--config YAML] [--exp DIR] [--jobs N]
-       [-- train.py overrides]"
+       [--nproc_per_node N] [--torchrun_args \"...\"] [-- train.py overrides]"
 . local/parse_options.sh
+. local/launch_training.sh
 
 if [ -z "$train" ]; then
   train=$data/shards/train; valid=$data/shards/valid; demo=true
@@ -96,5 +100,5 @@ if [ "$stage" -le 3 ] && [ "$stop_stage" -ge 3 ]; then
   [ -z "$valid" ] || train_args+=("--valid_parquet=$valid/metadata_pool.parquet"
     "--valid_units_dir=$data/units/$(basename "$valid")")
   log "Stage 3: pretrain: $train + ${text:-no text} + ${pairs:-no pairs} -> $exp"
-  $python recipes/pretrain/train.py "${train_args[@]}" "${passthrough[@]}"
+  launch_training recipes/pretrain/train.py "${train_args[@]}" "${passthrough[@]}"
 fi
