@@ -23,7 +23,6 @@ states of one layer of a pretrained encoder).
 """
 
 import argparse
-import glob
 import hashlib
 import importlib
 import json
@@ -36,7 +35,7 @@ import pyarrow as pa
 import pyarrow.parquet as pq
 
 sys.path.insert(0, os.path.join(os.path.dirname(os.path.abspath(__file__)), ".."))
-from common.atomic import atomic_path, atomic_write_text  # noqa: E402
+from common.atomic import atomic_path, atomic_write_text, remove_temporaries  # noqa: E402
 from common.data.audio import BadDataCounts, decoded_audio  # noqa: E402
 from common.data.units import (KMEANS_CENTERS, KMEANS_JSON, UNITS_PARQUET,  # noqa: E402
                                UNITS_SCHEMA, read_kmeans_info)
@@ -210,14 +209,6 @@ def fit_info_of(info):
     return {k: info[k] for k in ("fit_utterances", "fit_frames", "fit_fraction", "seed") if k in info}
 
 
-def remove_temporaries(out_dir):
-    """Delete the temporary files (``NAME.tmp<pid>``) of writes a killed run left unfinished."""
-    for folder in (out_dir, os.path.join(out_dir, PARTS)):
-        for stale in glob.glob(os.path.join(glob.escape(folder), "*.tmp[0-9]*")):
-            logger.info("removing %s, left by an interrupted run", stale)
-            os.remove(stale)
-
-
 def label_shard(job):
     """Worker: units of every sample of one shard -> parts/{shard}.parquet (atomic). Returns counts."""
     path, keys, out_part, spec, options, centres, info = job
@@ -276,7 +267,8 @@ def main(argv=None):
         extractor = load_feature_extractor(args.features, json.loads(args.feature_options))
         by_shard = samples_by_shard(args.shard_dir)
         os.makedirs(args.out_dir, exist_ok=True)
-        remove_temporaries(args.out_dir)
+        for folder in (args.out_dir, os.path.join(args.out_dir, PARTS)):
+            remove_temporaries(folder)
         centres, info = prepare_kmeans(args, by_shard, extractor)
     except (FileNotFoundError, ValueError) as error:
         print(f"error: {error}", file=sys.stderr)

@@ -22,7 +22,6 @@ Exit status: 0 on success, 1 when no line could be used, 2 on a usage error.
 
 import argparse
 import collections
-import glob
 import json
 import logging
 import os
@@ -33,7 +32,7 @@ import pyarrow as pa
 import pyarrow.parquet as pq
 
 sys.path.insert(0, os.path.join(os.path.dirname(os.path.abspath(__file__)), ".."))
-from common.atomic import atomic_path, atomic_write_text  # noqa: E402
+from common.atomic import atomic_path, atomic_write_text, remove_temporaries  # noqa: E402
 
 logger = logging.getLogger("make_text_shards")
 
@@ -155,13 +154,6 @@ def check_args(args):
         raise ValueError(f"{args.input} is a .tsv (source<TAB>target): add --paired")
     if args.tgt_lang and not args.paired:
         raise ValueError("--tgt-lang is for --paired text: drop it or add --paired")
-
-
-def remove_temporaries(path):
-    """Delete the temporary files (``PATH.tmp<pid>``) a killed run left beside ``path``."""
-    for stale in glob.glob(glob.escape(path) + ".tmp[0-9]*"):
-        logger.info("removing %s, left by an interrupted run", stale)
-        os.remove(stale)
 
 
 def write_outputs(args, rows, rejects):
