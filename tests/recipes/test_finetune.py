@@ -3,59 +3,13 @@
 import json
 import os
 import re
-import subprocess
-import sys
 
 import pytest
 
 from common.recipe import ConfigError, load_checked_hparams
 from local import train_tokenizer
 from recipes.finetune import train
-
-REPO = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
-RUN_SH = os.path.join(REPO, "recipes", "finetune", "run.sh")
-CONFIGS = os.path.join(REPO, "recipes", "finetune", "hparams")
-# A model small enough to train a few epochs in seconds; the demo config's design otherwise.
-TINY = ["--d_model=32", "--nhead=2", "--num_encoder_layers=1", "--num_decoder_layers=1", "--d_ffn=64",
-        "--max_batch_seconds=20.0", "--num_workers=0", "--warmup_steps=4", "--lr_peak=0.003",
-        "--beam_size=2", "--noprogressbar"]
-
-
-def run_sh(*args, check=True):
-    """Run recipes/finetune/run.sh with this interpreter; returns the CompletedProcess."""
-    env = dict(os.environ, PYTHON=sys.executable)
-    result = subprocess.run(["bash", RUN_SH, *args], capture_output=True, text=True, env=env)
-    if check and result.returncode != 0:
-        raise AssertionError(f"run.sh {args} failed:\n{result.stdout}\n{result.stderr}")
-    return result
-
-
-def data_options(speech_shards):
-    """run.sh options pointing at the session's shard folders (no synthesis, no sharding)."""
-    return ["--train", str(speech_shards["train"]), "--valid", str(speech_shards["dev"]),
-            "--test", str(speech_shards["test"])]
-
-
-@pytest.fixture(scope="module")
-def tokenizer_file(speech_shards, tmp_path_factory):
-    """A 60-piece BPE tokenizer of the tiny corpus' transcripts."""
-    out = tmp_path_factory.mktemp("tokenizer")
-    texts = train_tokenizer.read_texts([str(speech_shards["train"])])
-    return train_tokenizer.train_tokenizer(texts, str(out), 60, "bpe")
-
-
-def train_argv(speech_shards, tokenizer_file, exp, *extra):
-    """train.py arguments for the demo config on the tiny shards with the TINY model."""
-    parquet = {split: f"{folder}/metadata_pool.parquet" for split, folder in speech_shards.items()}
-    return [os.path.join(CONFIGS, "demo.yaml"), f"--output_folder={exp}", f"--tokenizer_file={tokenizer_file}",
-            f"--train_parquet={parquet['train']}", f"--valid_parquet={parquet['dev']}",
-            f"--test_parquets=[{parquet['test']}]", *TINY, *extra]
-
-
-def epoch_losses(train_log):
-    """Train loss per epoch from a SpeechBrain train_log.txt."""
-    return [float(v) for v in re.findall(r"epoch: \d+.*?train loss: ([-+.\de]+)", open(train_log).read())]
-
+from tests.recipes.finetune_args import CONFIGS, TINY, data_options, epoch_losses, run_sh, train_argv
 
 def test_run_sh_trains_decodes_and_scores_with_every_output(speech_shards, tmp_path):
     """Stages 1-3 on shard folders: the training loss goes down over 4 epochs, and the experiment

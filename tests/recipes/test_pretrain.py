@@ -138,3 +138,24 @@ def test_a_second_run_resumes_from_the_checkpoint_and_trains_the_next_epoch(pret
     assert epochs == ["1", "2"]
     newest = max(glob.glob(str(exp / "save" / "CKPT+*")), key=os.path.getmtime)
     assert json.load(open(os.path.join(newest, "train_loader.ckpt")))["epoch"] == 3
+
+
+def test_two_ranks_under_torchrun_pretrain_every_task_in_equal_steps(pretrain_data, speech_shards, tmp_path):
+    """torchrun --nproc_per_node=2 on the CPU (gloo) with all three tasks: no hang (a text batch on
+    one rank beside a speech batch on the other leaves different parameters unused), both ranks take
+    the same number of steps and each task appears among them."""
+    exp, d = tmp_path / "ddp", pretrain_data
+    command = [sys.executable, "-m", "torch.distributed.run", "--standalone", "--nproc_per_node=2",
+               os.path.join(REPO, "recipes", "pretrain", "train.py"), os.path.join(CONFIGS, "demo.yaml"),
+               f"--output_folder={exp}", f"--tokenizer_file={d['tokenizer']}",
+               f"--speech_parquets=[{speech_shards['train']}/metadata_pool.parquet]", f"--units_dirs=[{d['units']}]",
+               f"--text_parquets=[{d['mono']}]", f"--paired_parquets=[{d['pairs']}]", *TINY,
+               "--number_of_epochs=1", "--batch_log=True"]
+    result = subprocess.run(command, cwd=REPO, capture_output=True, text=True, timeout=600)
+    assert result.returncode == 0, result.stderr[-5000:]
+    ranks = [[json.loads(line) for line in open(exp / "batches" / f"rank{rank}.jsonl")] for rank in (0, 1)]
+    assert len(ranks[0]) == len(ranks[1]) > 0
+    assert [line["update"] for line in ranks[0]] == [line["update"] for line in ranks[1]]
+    log = open(exp / "train_log.txt").read()
+    for task in ("speech", "text", "paired"):
+        assert float(re.search(rf"{task}_share: ([-+.\de]+)", log).group(1)) > 0, task
