@@ -223,12 +223,19 @@ def choose_distributed_backend(run_opts):
     return run_opts
 
 
+def last_override_wins(argv):
+    """``argv`` without the earlier of repeated ``--key=value`` overrides, so that a later one (e.g.
+    after run.sh's ``--``) replaces an earlier one instead of failing as a duplicate yaml key."""
+    keys = [arg.split("=", 1)[0] if arg.startswith("--") and "=" in arg else None for arg in argv]
+    return [arg for i, (arg, key) in enumerate(zip(argv, keys)) if key is None or key not in keys[i + 1:]]
+
+
 def prepare_experiment(argv, input_keys=None):
     """Parses ``train.py hparams.yaml --key=value ...`` (``argv`` without the script), loads
     and checks the config (and that the paths under ``input_keys(values)`` exist), joins the DDP
     group when launched by torchrun, creates the experiment folder. Returns ``(hparams, run_opts)``
     for ``sb.Brain``."""
-    hparams_file, run_opts, overrides = sb.parse_arguments(argv)
+    hparams_file, run_opts, overrides = sb.parse_arguments(last_override_wins(argv))
     hparams_file, overrides = resolve_derived_config(hparams_file, overrides)
     hparams = load_checked_hparams(hparams_file, overrides, input_keys)
     run_opts = choose_distributed_backend(run_opts)

@@ -21,7 +21,7 @@ batches), ``planning`` (rank/worker plans), ``pipeline`` (per-sample steps), ``s
 
 from common.data.batching import buffered_batches, sorted_oracle_batches
 from common.data.mixing import MixedLoader, mixing_probabilities
-from common.data.pipeline import Tokenizer, vocab_size
+from common.data.pipeline import Tokenizer, loader_features, speech_input, vocab_size
 from common.data.speech import SpeechLoader, make_speech_loader
 from common.data.stream import BatchStream
 from common.data.text import TextLoader, make_text_loader
@@ -33,9 +33,11 @@ __all__ = [
     "TextLoader",
     "Tokenizer",
     "buffered_batches",
+    "loader_features",
     "make_speech_loader",
     "make_text_loader",
     "mixing_probabilities",
     "sorted_oracle_batches",
+    "speech_input",
     "vocab_size",
 ]

@@ -126,6 +126,18 @@ def collate(samples, features=None):
     return batch
 
 
+def speech_input(batch):
+    """What a speech batch feeds the model: ``(feats, lengths)`` when the loader computed features,
+    else ``(sig, lengths)`` (waveforms; the model computes them)."""
+    feats = getattr(batch, "feats", None)
+    return feats if feats is not None else batch.sig
+
+
+def loader_features(hparams):
+    """The config's Fbank to run in the loader workers when ``fbank_in_loader`` is set, else None."""
+    return hparams["graph"]["compute_features"] if hparams["fbank_in_loader"] else None
+
+
 def frames_of(feats, relative_lengths):
     """Split padded features [B, frames, dims] into per-sample tensors without padding frames."""
     frames = torch.ceil(relative_lengths * feats.shape[1] - 1e-6).long().clamp(min=1)

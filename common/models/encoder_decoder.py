@@ -94,8 +94,13 @@ class SpeechEncoderDecoder(torch.nn.Module):
             )
 
     def extract_features(self, wavs, wav_lens, epoch=None):
-        """Fbank + normalization (+ augmentation in training): [batch, frames, n_mels]."""
-        feats = self.compute_features(wavs)
+        """Fbank + normalization (+ augmentation in training): [batch, frames, n_mels].
+
+        ``wavs`` are waveforms [batch, samples], or Fbank features [batch, frames, n_mels] that the
+        loader workers computed already (``fbank_in_loader``): then only normalization and
+        augmentation run here.
+        """
+        feats = self.compute_features(wavs) if wavs.dim() == 2 else wavs
         feats = self.normalize(feats, wav_lens, epoch=epoch)
         if self.training and self.augment is not None:
             augmented, _ = self.augment(feats, wav_lens)

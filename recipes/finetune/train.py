@@ -21,7 +21,7 @@ from collections import defaultdict  # noqa: E402
 
 import speechbrain as sb  # noqa: E402
 
-from common.data import Tokenizer, make_speech_loader  # noqa: E402
+from common.data import Tokenizer, loader_features, make_speech_loader, speech_input  # noqa: E402
 from common.decoding import beam_search, build_beam_searcher, ctc_greedy, ids_to_text  # noqa: E402
 from common.evaluation import average_best_checkpoints, record_results  # noqa: E402
 from common.metrics import TranscriptMetrics  # noqa: E402
@@ -48,7 +48,7 @@ class ASR(sb.Brain):
     def compute_forward(self, batch, stage):
         """Teacher-forced pass of both heads; returns (``EncoderDecoderOutput``, wav lengths)."""
         batch = batch.to(self.device)
-        wavs, wav_lens = batch.sig
+        wavs, wav_lens = speech_input(batch)
         epoch = self.hparams.epoch_counter.current
         return self.modules.model(wavs, wav_lens, batch.tokens_bos.data, epoch=epoch), wav_lens
 
@@ -178,7 +178,7 @@ def speech_loader(hparams, parquet, training, rank=0, world_size=1):
                                   max_batch_size=hparams["max_batch_size"], num_workers=hparams["num_workers"],
                                   rank=rank, world_size=world_size, filters=hparams["filters"],
                                   speed_perturb=hparams["speed_perturb"], cache_audio=hparams["cache_audio"],
-                                  **common)
+                                  features=loader_features(hparams), **common)
     return make_speech_loader(parquet, max_batch_seconds=hparams["eval_max_batch_seconds"],
                               max_batch_size=hparams["max_batch_size"], num_workers=0, **common)
 

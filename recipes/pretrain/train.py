@@ -30,7 +30,8 @@ from collections import defaultdict  # noqa: E402
 import numpy as np  # noqa: E402
 import speechbrain as sb  # noqa: E402
 
-from common.data import MixedLoader, Tokenizer, make_speech_loader, make_text_loader  # noqa: E402
+from common.data import (MixedLoader, Tokenizer, loader_features, make_speech_loader, make_text_loader,  # noqa: E402
+                         speech_input)
 from common.data.units import read_units, units_at_frames  # noqa: E402
 from common.masking import mask_spans  # noqa: E402
 from common.objectives import masked_unit_loss, sequence_loss  # noqa: E402
@@ -65,7 +66,7 @@ class JointPretraining(sb.Brain):
         batch = batch.to(self.device)
         task, rng = getattr(batch, "stream", SPEECH), self.rng(stage)
         if task == SPEECH:
-            wavs, wav_lens = batch.sig
+            wavs, wav_lens = speech_input(batch)
             hp = self.hparams
             mask = lambda lengths, frames: mask_spans(lengths, frames, hp.mask_prob, hp.mask_span_frames, rng)  # noqa: E731,E501
             return task, self.modules.pretrain(SPEECH, wavs, wav_lens, mask, epoch=hp.epoch_counter.current)
@@ -137,7 +138,8 @@ def speech_loader(hparams, parquets, training, rank=0, world_size=1):
         parquets, hparams["tokenizer_file"], max_batch_size=hparams["max_batch_size"], seed=hparams["seed"],
         max_batch_seconds=hparams["max_batch_seconds"] if training else hparams["eval_max_batch_seconds"],
         num_workers=hparams["num_workers"] if training else 0, rank=rank, world_size=world_size,
-        filters=hparams["filters"] if training else None, cache_audio=training and hparams["cache_audio"])
+        filters=hparams["filters"] if training else None, cache_audio=training and hparams["cache_audio"],
+        features=loader_features(hparams) if training else None)
 
 
 def text_loader(hparams, parquets, rank, world_size, paired):

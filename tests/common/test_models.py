@@ -87,3 +87,13 @@ def test_spec_augment_runs_in_training_mode_only():
     plain = model.extract_features(wavs, wav_lens)
     assert torch.equal(plain, model.extract_features(wavs, wav_lens))
     assert not torch.allclose(plain, augmented)
+
+
+def test_fbank_computed_by_the_loader_gives_the_same_encoder_states_as_waveforms():
+    """fbank_in_loader: the model given the loader's Fbank features [batch, frames, n_mels] computes
+    the same encoder states as given the waveforms (only normalization and augmentation run)."""
+    wavs, wav_lens = torch.randn(2, 16000), torch.tensor([1.0, 0.5])
+    model = fit_normalization(load_graph()["model"], wavs, wav_lens)
+    feats = model.compute_features(wavs)
+    assert feats.dim() == 3
+    assert torch.allclose(model.encode(feats, wav_lens), model.encode(wavs, wav_lens), atol=1e-6)

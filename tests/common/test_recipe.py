@@ -6,7 +6,7 @@ import subprocess
 
 import pytest
 
-from common.recipe import ConfigError, acquire_run_lock, load_checked_hparams, prepare_experiment
+from common.recipe import ConfigError, acquire_run_lock, last_override_wins, load_checked_hparams, prepare_experiment
 
 CONFIG = """\
 output_folder: !ref <exp_root>/demo
@@ -105,3 +105,10 @@ def test_derived_config_changes_only_its_keys_and_the_command_line_wins(config, 
     derived.write_text("base_config: train.yaml\nnum_epoch: 4\n")
     with pytest.raises(ConfigError, match='"num_epoch".*base of.*Did you mean "num_epochs"'):
         load_checked_hparams(str(derived), "exp_root: x")
+
+
+def test_a_repeated_override_is_replaced_by_the_last_one():
+    """run.sh passes some overrides itself; the user's later --key=value wins instead of failing as a
+    duplicate yaml key. Options given as two words are left alone."""
+    argv = ["h.yaml", "--do_test=False", "--device", "cpu", "--lr=1", "--do_test=True"]
+    assert last_override_wins(argv) == ["h.yaml", "--device", "cpu", "--lr=1", "--do_test=True"]

@@ -59,6 +59,23 @@ def test_interrupted_training_resumes_at_the_next_batch(speech_shards, tokenizer
     assert [keys for _, keys in interrupted[:4] + seen] == planned
 
 
+def test_fbank_in_loader_trains_on_features_made_by_a_loader_worker(speech_shards, tokenizer_file, tmp_path,
+                                                                   monkeypatch):
+    """--fbank_in_loader=True with a loader worker: every training batch arrives with Fbank features
+    of the config's n_mels, and the epoch trains to a finite loss."""
+    feature_sizes = []
+
+    def record(brain, batch, should_step):
+        feature_sizes.append(None if getattr(batch, "feats", None) is None else batch.feats.data.shape[-1])
+
+    monkeypatch.setattr(train.ASR, "on_fit_batch_start", record)
+    exp = tmp_path / "exp"
+    train.main(train_argv(speech_shards, tokenizer_file, exp, "--number_of_epochs=1", "--do_test=False",
+                          "--fbank_in_loader=True", "--num_workers=1", "--cache_audio=False"))
+    assert feature_sizes and set(feature_sizes) == {72}  # demo.yaml's n_mels
+    assert all(loss == loss for loss in epoch_losses(exp / "train_log.txt"))  # not NaN
+
+
 def test_speech_translation_config_targets_the_translation_and_scores_bleu(speech_shards, tmp_path):
     """demo_st.yaml: the targets are the Pig Latin translations led by the <pig> tag (fed, never
     predicted); results.json holds BLEU and the alignments compare against translations."""
