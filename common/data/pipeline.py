@@ -112,18 +112,13 @@ def speech_sample(key, waveform, text, tokens):
 def collate(samples, features=None):
     """Pad samples into a ``PaddedBatch`` (pad value 0); add ``feats`` with ``features`` if given.
 
-    ``features`` (e.g. ``speechbrain.lobes.features.Fbank``) runs on the padded waveforms in the
-    worker; ``feats`` shares the relative lengths of ``sig``.
+    ``features`` (e.g. ``speechbrain.lobes.features.Fbank``) runs on each waveform in the worker,
+    before padding (no frames computed for padding, one padding pass).
     """
-    batch = PaddedBatch(samples, padding_kwargs={"value": PAD_ID})
     if features is not None:
         with torch.no_grad():
-            feats = features(batch.sig.data)
-        batch = PaddedBatch(
-            [dict(sample, feats=f) for sample, f in zip(samples, frames_of(feats, batch.sig.lengths))],
-            padding_kwargs={"value": PAD_ID},
-        )
-    return batch
+            samples = [dict(sample, feats=features(sample["sig"][None])[0]) for sample in samples]
+    return PaddedBatch(samples, padding_kwargs={"value": PAD_ID})
 
 
 def speech_input(batch):
@@ -136,12 +131,6 @@ def speech_input(batch):
 def loader_features(hparams):
     """The config's Fbank to run in the loader workers when ``fbank_in_loader`` is set, else None."""
     return hparams["graph"]["compute_features"] if hparams["fbank_in_loader"] else None
-
-
-def frames_of(feats, relative_lengths):
-    """Split padded features [B, frames, dims] into per-sample tensors without padding frames."""
-    frames = torch.ceil(relative_lengths * feats.shape[1] - 1e-6).long().clamp(min=1)
-    return [f[:n] for f, n in zip(feats, frames)]
 
 
 def count_tokens(tokenizer, texts):
