@@ -138,7 +138,9 @@ class WaveformStream:
 
 
 class SpeechLoader(BatchStream):
-    """Batches of speech for one rank; see ``make_speech_loader``."""
+    """Batches of speech for one rank; see ``make_speech_loader``. ``name`` labels its log lines."""
+
+    name = "speech"
 
     def __init__(self, metadata, dataset, seed, rank, world_size, num_workers, batching, speeds):
         super().__init__()
@@ -182,8 +184,8 @@ class SpeechLoader(BatchStream):
 
     def end_epoch(self, epoch):
         audio = sum(self.metadata.durations[b].sum() for slot in self.plan(epoch)[0] for b in slot.batches)
-        logger.info("epoch %d rank %d: %d batches, %.1f s audio, skipped data %s", epoch, self.rank,
-                    self.batches_in_epoch(epoch), audio, dict(self.bad_data) or "none")
+        logger.info("%s loader, epoch %d rank %d: %d batches, %.1f s audio, skipped data %s", self.name, epoch,
+                    self.rank, self.batches_in_epoch(epoch), audio, dict(self.bad_data) or "none")
 
 
 def make_speech_loader(

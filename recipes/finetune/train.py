@@ -174,13 +174,16 @@ def speech_loader(hparams, parquet, training, rank=0, world_size=1):
     common = dict(tokenizer=hparams["tokenizer_file"], seed=hparams["seed"], text_field=hparams["text_field"],
                   prefix_tokens=hparams["prefix_tokens"])
     if training:
-        return make_speech_loader(parquet, max_batch_seconds=hparams["max_batch_seconds"],
-                                  max_batch_size=hparams["max_batch_size"], num_workers=hparams["num_workers"],
-                                  rank=rank, world_size=world_size, filters=hparams["filters"],
-                                  speed_perturb=hparams["speed_perturb"], cache_audio=hparams["cache_audio"],
-                                  features=loader_features(hparams), **common)
-    return make_speech_loader(parquet, max_batch_seconds=hparams["eval_max_batch_seconds"],
-                              max_batch_size=hparams["max_batch_size"], num_workers=0, **common)
+        loader = make_speech_loader(parquet, max_batch_seconds=hparams["max_batch_seconds"],
+                                    max_batch_size=hparams["max_batch_size"], num_workers=hparams["num_workers"],
+                                    rank=rank, world_size=world_size, filters=hparams["filters"],
+                                    speed_perturb=hparams["speed_perturb"], cache_audio=hparams["cache_audio"],
+                                    features=loader_features(hparams), **common)
+    else:
+        loader = make_speech_loader(parquet, max_batch_seconds=hparams["eval_max_batch_seconds"],
+                                    max_batch_size=hparams["max_batch_size"], num_workers=0, **common)
+    loader.name = "train" if training else split_name(parquet)  # labels its end-of-pass log line
+    return loader
 
 
 def split_name(parquet):

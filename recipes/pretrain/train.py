@@ -193,6 +193,7 @@ def main(argv):
     hparams["checkpointer"].add_recoverable("train_loader", brain.train_loader)
     if hparams["valid_parquet"]:
         brain.valid_loader = speech_loader(hparams, hparams["valid_parquet"], False)
+        brain.valid_loader.name = "valid"  # labels its end-of-pass log line
         brain.units.check_covers(used_keys(brain.valid_loader), hparams["valid_parquet"])
     brain.fit(hparams["epoch_counter"], brain.train_loader, brain.valid_loader)
 
