@@ -41,9 +41,7 @@ REPO = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 sys.path.insert(0, REPO)
 from common.atomic import atomic_write_text  # noqa: E402
 from common.audio import SAMPLE_RATE  # noqa: E402
-from common.data import BatchStream, Tokenizer  # noqa: E402
 from common.parallel import process_pool  # noqa: E402
-from common.recipe import prepare_experiment  # noqa: E402
 from recipes.finetune import train  # noqa: E402
 
 logger = logging.getLogger("gpu_check")
@@ -206,46 +204,28 @@ def prepare_data(args):
 
 # ---- Measured training ----
 
-class TimedStream(BatchStream):
-    """A train loader around another ``BatchStream`` that records, for every batch it hands out, the
-    wait for it (s, time spent inside the wrapped iterator), its utterances, its unpadded audio (s)
-    and whether it opened an epoch (its wait includes starting the loader's workers)."""
-
-    def __init__(self, stream):
-        super().__init__()
-        self.stream, self.records = stream, []
-
-    def batches_in_epoch(self, epoch):
-        return self.stream.batches_in_epoch(epoch)
-
-    def end_epoch(self, epoch):
-        self.stream.end_epoch(epoch)
-
-    def epoch_batches(self, epoch, start):
-        batches, first = self.stream.epoch_batches(epoch, start), True
-        while True:
-            began = time.perf_counter()
-            batch = next(batches, None)
-            if batch is None:
-                return
-            wavs, lengths = batch.sig
-            self.records.append({"wait_s": time.perf_counter() - began, "utterances": len(batch.id),
-                                 "audio_s": float((lengths * wavs.shape[1]).sum()) / SAMPLE_RATE,
-                                 "epoch_start": first})
-            first = False
-            yield batch
-
-
 class TimedASR(train.ASR):
-    """The finetune recipe's Brain, stamping the end of every update (after the device finished it)
-    and stopping once ``max_train_seconds`` have passed; ``on_untimed_done`` is called when the
-    first ``untimed_steps`` updates are done."""
+    """The finetune recipe's Brain, recording for every batch the wait for it (s, from the train
+    loader's ``wait_seconds``), its utterances, its unpadded audio (s) and whether it opened an epoch
+    (its wait includes starting the loader's workers); stamping the end of every update (after the
+    device finished it) and stopping once ``max_train_seconds`` have passed. ``on_untimed_done`` is
+    called when the first ``untimed_steps`` updates are done."""
 
     untimed_steps, max_train_seconds, on_untimed_done = 0, float("inf"), None
 
     def on_fit_start(self):
         super().on_fit_start()
-        self.step_ends, self.fit_began = [], time.perf_counter()
+        self.step_ends, self.records, self.fit_began = [], [], time.perf_counter()
+
+    def on_fit_batch_start(self, batch, should_step):
+        loader = self.train_loader
+        epoch_start = loader.position == 1  # ``wait_seconds`` restarts with each epoch's ``for`` loop
+        waited_before = 0.0 if epoch_start else self.waited
+        self.waited = loader.wait_seconds
+        wavs, lengths = batch.sig
+        self.records.append({"wait_s": self.waited - waited_before, "utterances": len(batch.id),
+                             "audio_s": float((lengths * wavs.shape[1]).sum()) / SAMPLE_RATE,
+                             "epoch_start": epoch_start})
 
     def on_fit_batch_end(self, batch, outputs, loss, should_step):
         super().on_fit_batch_end(batch, outputs, loss, should_step)
@@ -317,22 +297,11 @@ def train_argv(args, parquet, tokenizer):
             f"--device={args.device}", "--ckpt_interval_minutes=0", "--noprogressbar", *args.overrides]
 
 
-def build_brain(argv):
-    """The Brain and its train loader, as ``recipes/finetune/train.py`` ``main()`` builds them."""
-    hparams, run_opts = prepare_experiment(argv)
-    hparams["config_file"] = argv[0]
-    brain = TimedASR(modules={"model": hparams["model"]}, opt_class=hparams["optimizer"],
-                     hparams=hparams, run_opts=run_opts, checkpointer=hparams["checkpointer"])
-    brain.tokenizer = Tokenizer(hparams["tokenizer_file"])
-    brain.prefix_ids = [brain.tokenizer.piece_id(token) for token in hparams["prefix_tokens"]]
-    brain.train_loader = TimedStream(train.speech_loader(hparams, hparams["train_parquet"], True))
-    return brain, hparams
-
-
 def run_training(args, parquet, tokenizer):
     """Train with timing; returns (brain, hparams, GPU samples after the untimed steps)."""
     shutil.rmtree(os.path.join(args.out, "exp"), ignore_errors=True)  # a fresh run, nothing to resume
-    brain, hparams = build_brain(train_argv(args, parquet, tokenizer))
+    brain, hparams = train.build_brain(train_argv(args, parquet, tokenizer), TimedASR)
+    brain.train_loader = train.speech_loader(hparams, hparams["train_parquet"], True)
     poller = GpuPoller(args.device) if brain.device_type == "cuda" else None
     brain.untimed_steps, brain.max_train_seconds = max(args.untimed_steps, 1), args.max_train_seconds
     brain.optimizer_step_limit = args.steps  # SpeechBrain's stop; its command-line form stays a str
@@ -346,7 +315,7 @@ def run_training(args, parquet, tokenizer):
 
 def step_figures(step_ends, records, untimed):
     """Step times (ms), rates and data waits (% of wall time) over the updates after the first
-    ``untimed`` (at least one); ``records`` are the train loader's, one per batch, in order."""
+    ``untimed`` (at least one); ``records`` are ``TimedASR``'s, one per batch, in order."""
     timed = records[untimed:len(step_ends)]
     if not timed:
         raise CheckError(f"only {len(step_ends)} updates ran, none after the {untimed} untimed ones: "
@@ -413,7 +382,7 @@ def main(argv=None):
     prepared = time.perf_counter()
     brain, hparams, samples = run_training(args, parquet, tokenizer)
     result = {**device_figures(brain, samples),
-              **step_figures(brain.step_ends, brain.train_loader.records, max(args.untimed_steps, 1)),
+              **step_figures(brain.step_ends, brain.records, max(args.untimed_steps, 1)),
               "max_batch_seconds": hparams["max_batch_seconds"], "num_workers": hparams["num_workers"],
               "prep_s": prepared - began, "train_s": time.perf_counter() - prepared}
     print_table(result)

@@ -3,7 +3,8 @@
 Writes ~8 min of tone shards to a temporary folder, then measures in one run:
 - limit: two independent processes, each decoding + fbank'ing half of the shards (no loader);
 - tandem with 0, 1, 2 workers, fbank in the workers;
-- tandem with 2 workers, fbank in the main process (as a Brain would in compute_forward).
+- tandem with 2 workers, fbank in the main process (as a Brain would in compute_forward);
+each with the CPU seconds it used (this process and its workers or pool processes).
 
     python bench/loader.py [--json]
 """
@@ -11,6 +12,7 @@ Writes ~8 min of tone shards to a temporary folder, then measures in one run:
 import argparse
 import json
 import logging
+import resource
 import sys
 import tempfile
 import time
@@ -50,28 +52,34 @@ class _Everything:
         return True
 
 
+def cpu_seconds():
+    """CPU time (user + system, s) of this process and of its children that have ended."""
+    return sum(usage.ru_utime + usage.ru_stime
+               for usage in map(resource.getrusage, (resource.RUSAGE_SELF, resource.RUSAGE_CHILDREN)))
+
+
 def independent_limit(shard_paths):
-    """Audio s/s of two processes decoding + fbank'ing half of the shards each, timed from their start
-    (as the loader is timed from the start of its workers)."""
+    """(audio s/s, CPU s) of two processes decoding + fbank'ing half of the shards each, timed from
+    their start (as the loader is timed from the start of its workers)."""
     halves = [shard_paths[0::2], shard_paths[1::2]]
-    start = time.perf_counter()
+    start, cpu = time.perf_counter(), cpu_seconds()
     with get_context("fork").Pool(2) as pool:
         seconds = sum(pool.map(decode_and_fbank, halves))
-    return seconds / (time.perf_counter() - start)
+    return seconds / (time.perf_counter() - start), cpu_seconds() - cpu
 
 
 def loader_rate(parquet, tokenizer, workers, features_in_worker):
-    """Audio s/s of one epoch of the speech loader."""
+    """(audio s/s, CPU s of the main process and its workers) of one epoch of the speech loader."""
     fbank = Fbank(n_mels=80)
     loader = make_speech_loader(parquet, tokenizer, 120.0, num_workers=workers,
                                 features=fbank if features_in_worker else None)
-    seconds, start = 0.0, time.perf_counter()
+    seconds, start, cpu = 0.0, time.perf_counter(), cpu_seconds()
     for batch in loader:
         if not features_in_worker:
             with torch.no_grad():
                 fbank(batch.sig.data)
         seconds += float((batch.sig.lengths * batch.sig.data.shape[1]).sum()) / 16000
-    return seconds / (time.perf_counter() - start)
+    return seconds / (time.perf_counter() - start), cpu_seconds() - cpu
 
 
 def main(argv=None):
@@ -84,16 +92,17 @@ def main(argv=None):
         folder = Path(folder)
         parquet = write_shards(folder, [args.utterances_per_shard] * 8, min_seconds=2.0, max_seconds=8.0)
         tokenizer = train_tiny_tokenizer(folder)
-        limit = independent_limit(read_speech_metadata(parquet).shard_paths)
-        rows = {f"tandem_{w}_workers": (w, loader_rate(parquet, tokenizer, w, True)) for w in (0, 1, 2)}
-        rows["tandem_2_workers_fbank_in_main"] = (2, loader_rate(parquet, tokenizer, 2, False))
-    print(f"{'loader':32} {'workers':>7} {'audio s/s':>10} {'vs 2-process limit':>18}")
-    print(f"{'limit: 2 independent processes':32} {2:7d} {limit:10.1f} {1.0:18.3f}")
-    for name, (workers, rate) in rows.items():
-        print(f"{name:32} {workers:7d} {rate:10.1f} {rate / limit:18.3f}")
+        limit, limit_cpu = independent_limit(read_speech_metadata(parquet).shard_paths)
+        rows = {f"tandem_{w}_workers": (w, *loader_rate(parquet, tokenizer, w, True)) for w in (0, 1, 2)}
+        rows["tandem_2_workers_fbank_in_main"] = (2, *loader_rate(parquet, tokenizer, 2, False))
+    print(f"{'loader':32} {'workers':>7} {'audio s/s':>10} {'vs 2-process limit':>18} {'CPU s':>7}")
+    print(f"{'limit: 2 independent processes':32} {2:7d} {limit:10.1f} {1.0:18.3f} {limit_cpu:7.2f}")
+    for name, (workers, rate, cpu) in rows.items():
+        print(f"{name:32} {workers:7d} {rate:10.1f} {rate / limit:18.3f} {cpu:7.2f}")
     if args.json:
-        print(json.dumps({name: {"audio_s_per_s": round(rate, 1), "workers": workers,
-                                 "limit_audio_s_per_s": round(limit, 1)} for name, (workers, rate) in rows.items()}))
+        print(json.dumps({name: {"audio_s_per_s": round(rate, 1), "workers": workers, "cpu_s": round(cpu, 2),
+                                 "limit_audio_s_per_s": round(limit, 1), "limit_cpu_s": round(limit_cpu, 2)}
+                          for name, (workers, rate, cpu) in rows.items()}))
 
 
 if __name__ == "__main__":

@@ -2,7 +2,7 @@
 """Does pretraining pay? Finetune on a share of the labels from the pretrained checkpoint vs from scratch.
 
     python bench/pretrain_gain.py [--data data/demo] [--labelled-share 0.15] [--finetune-epochs 100]
-        [--pretrain-epochs 30] [--exp exp/bench_pretrain_gain] [--json]
+        [--pretrain-epochs 30] [--speech-only] [--exp exp/bench_pretrain_gain] [--json]
 
 On the demo corpus (made by the recipes' stage 0 when missing): the pretrain recipe (stages 0-3) sees
 all training speech without transcripts, the transcripts as unpaired text and the Pig Latin -> English
@@ -41,6 +41,8 @@ def parse_args(argv=None):
     parser.add_argument("--finetune-epochs", type=int, default=100,
                         help="epochs of each finetune (a 15 %% subset needs more epochs than the demo's 30)")
     parser.add_argument("--pretrain-epochs", type=int, default=30, help="pretraining epochs")
+    parser.add_argument("--speech-only", action="store_true",
+                        help="pretrain on speech alone (no text tasks); its runs are named *_speech")
     parser.add_argument("--exp", default="exp/bench_pretrain_gain", help="folder of the three experiments")
     parser.add_argument("--seed", type=int, default=1234, help="picks the labelled subset")
     parser.add_argument("--json", action="store_true", help="end with one JSON line of the figures")
@@ -93,17 +95,19 @@ def table(results, seconds):
 
 def main(argv=None):
     args = parse_args(argv)
-    pretrain_exp = os.path.join(args.exp, "pretrain")
+    suffix = "_speech" if args.speech_only else ""
+    pretrain_exp = os.path.join(args.exp, "pretrain" + suffix)
+    speech_only = ["--text_parquets=[]", "--paired_parquets=[]"] if args.speech_only else []
     seconds = {"prepare": run(["bash", "recipes/pretrain/run.sh", "--data", args.data, "--stop_stage", "2"])}
     seconds["pretrain"] = run(["bash", "recipes/pretrain/run.sh", "--data", args.data, "--stage", "3",
                                "--exp", pretrain_exp, "--", f"--number_of_epochs={args.pretrain_epochs}",
-                               "--noprogressbar"])
+                               "--noprogressbar", *speech_only])
     parquet, labelled, total = labelled_subset(os.path.join(args.data, "shards", "train"),
                                                args.labelled_share, args.seed)
     tokenizer = os.path.join(pretrain_exp, "tokenizer.model")
     results = {}
     results["scratch"], seconds["scratch"] = finetune(args, "scratch", parquet, tokenizer)
-    results["pretrained"], seconds["pretrained"] = finetune(args, "pretrained", parquet, tokenizer,
+    results["pretrained"], seconds["pretrained"] = finetune(args, "pretrained" + suffix, parquet, tokenizer,
                                                             pretrained=pretrain_exp)
     gain = (results["scratch"]["wer"] - results["pretrained"]["wer"]) / max(results["scratch"]["wer"], 1e-9)
     print(f"\nfinetune on {labelled} of {total} labelled utterances ({args.labelled_share:.0%}), "

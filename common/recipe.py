@@ -215,7 +215,7 @@ def check_input_paths(hparams, keys):
 def choose_distributed_backend(run_opts):
     """``run_opts`` with the gloo backend when torchrun runs on a machine without CUDA
     (SpeechBrain's default, nccl, needs GPUs); else unchanged."""
-    launched = os.environ.get("RANK") is not None and os.environ.get("LOCAL_RANK") is not None
+    launched = None not in (sb.utils.distributed.get_rank(), sb.utils.distributed.get_local_rank())
     if launched and run_opts["distributed_backend"] == "nccl" and not torch.cuda.is_available():
         logger.info("No CUDA device: the DDP group uses the gloo backend (CPU)")
         return dataclasses.replace(run_opts, distributed_backend="gloo",

@@ -29,9 +29,11 @@ def after_update(brain, loss, figures):
     writer.add_scalar("train_step/lr", brain.optimizer.param_groups[0]["lr"], brain.optimizer_step)
 
 
-def world_size():
-    """Processes in the DDP group (1 without torchrun)."""
-    return torch.distributed.get_world_size() if torch.distributed.is_initialized() else 1
+def rank_and_world_size():
+    """(this process' rank, processes) in the DDP group; (0, 1) without torchrun."""
+    if torch.distributed.is_initialized():
+        return torch.distributed.get_rank(), torch.distributed.get_world_size()
+    return 0, 1
 
 
 def log_effective_batch(brain, budgets):
@@ -39,7 +41,7 @@ def log_effective_batch(brain, budgets):
 
     ``budgets`` maps a modality to ``(amount, unit)``, e.g. ``{"speech": (1200.0, "padded seconds")}``.
     """
-    ranks, accumulation = world_size(), brain.grad_accumulation_factor
+    ranks, accumulation = rank_and_world_size()[1], brain.grad_accumulation_factor
     for modality, (amount, unit) in budgets.items():
         logger.info("effective %s batch per update: %d ranks x %d accumulated x %g %s = %g %s",
                     modality, ranks, accumulation, amount, unit, ranks * accumulation * amount, unit)
@@ -61,8 +63,7 @@ def record_batch(brain, batch, loss):
     if not brain.hparams.batch_log:
         return
     if getattr(brain, "batch_log_file", None) is None:
-        rank = torch.distributed.get_rank() if torch.distributed.is_initialized() else 0
-        path = batch_log_path(brain.hparams.output_folder, rank)
+        path = batch_log_path(brain.hparams.output_folder, rank_and_world_size()[0])
         os.makedirs(os.path.dirname(path), exist_ok=True)
         brain.batch_log_file = open(path, "a", encoding="utf-8", buffering=1)  # a line per write
     loader = brain.train_loader

@@ -66,9 +66,13 @@ class UnitTable:
     def __len__(self):
         return len(self.units_by_key)
 
+    def missing(self, keys):
+        """The ``keys`` without units."""
+        return [key for key in keys if key not in self.units_by_key]
+
     def check_covers(self, keys, what):
         """Raise when some of ``keys`` (the samples a loader will read) have no units."""
-        missing = [key for key in keys if key not in self.units_by_key]
+        missing = self.missing(keys)
         if missing:
             raise ValueError(f"{len(missing)} of {len(keys)} samples of {what} have no units (e.g. "
                              f"{missing[:3]}): run local/extract_units.py on its shard folders "
@@ -76,7 +80,7 @@ class UnitTable:
 
     def batch(self, keys):
         """Units of ``keys`` padded with -1: (LongTensor [batch, longest], int lengths [batch])."""
-        missing = [key for key in keys if key not in self.units_by_key]
+        missing = self.missing(keys)
         if missing:
             raise KeyError(f"no units for {len(missing)} samples (e.g. {missing[:3]}): run "
                            "local/extract_units.py on every shard folder the recipe reads")

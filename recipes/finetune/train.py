@@ -28,8 +28,8 @@ from common.metrics import TranscriptMetrics  # noqa: E402
 from common.models.transfer import check_same_tokenizer, load_pretrained  # noqa: E402
 from common.objectives import joint_ctc_attention_loss  # noqa: E402
 from common.recipe import prepare_experiment  # noqa: E402
-from common.training import (after_update, data_wait_share, log_effective_batch, record_batch,  # noqa: E402
-                             start_stage_clock)
+from common.training import (after_update, data_wait_share, log_effective_batch, rank_and_world_size,  # noqa: E402
+                             record_batch, start_stage_clock)
 
 logger = logging.getLogger(__name__)
 
@@ -205,18 +205,24 @@ def input_keys(hparams):
             + (["test_parquets"] if hparams["do_test"] else []))
 
 
-def main(argv):
+def build_brain(argv, brain_class=ASR):
+    """``(brain, hparams)`` of ``train.py`` arguments: the checked config, the experiment folder and
+    a ``brain_class`` Brain with its tokenizer and target prefix."""
     hparams, run_opts = prepare_experiment(argv, input_keys)
     hparams["config_file"] = argv[0]
-    brain = ASR(modules={"model": hparams["model"]}, opt_class=hparams["optimizer"], hparams=hparams,
-                run_opts=run_opts, checkpointer=hparams["checkpointer"])
+    brain = brain_class(modules={"model": hparams["model"]}, opt_class=hparams["optimizer"], hparams=hparams,
+                        run_opts=run_opts, checkpointer=hparams["checkpointer"])
     brain.tokenizer = Tokenizer(hparams["tokenizer_file"])
     brain.prefix_ids = [brain.tokenizer.piece_id(token) for token in hparams["prefix_tokens"]]
+    return brain, hparams
+
+
+def main(argv):
+    brain, hparams = build_brain(argv)
     if hparams["do_train"] and hparams["pretrained"]:
         init_from_pretrained(hparams)
     if hparams["do_train"]:
-        rank, world_size = int(os.environ.get("RANK", 0)), int(os.environ.get("WORLD_SIZE", 1))
-        brain.train_loader = speech_loader(hparams, hparams["train_parquet"], True, rank, world_size)
+        brain.train_loader = speech_loader(hparams, hparams["train_parquet"], True, *rank_and_world_size())
         hparams["checkpointer"].add_recoverable("train_loader", brain.train_loader)
         brain.fit(hparams["epoch_counter"], brain.train_loader,
                   speech_loader(hparams, hparams["valid_parquet"], False))

@@ -37,8 +37,8 @@ from common.masking import mask_spans  # noqa: E402
 from common.objectives import masked_unit_loss, sequence_loss  # noqa: E402
 from common.recipe import prepare_experiment  # noqa: E402
 from common.text_noising import TextNoiser, noise_batch, ordinary_piece_ids  # noqa: E402
-from common.training import (after_update, data_wait_share, log_effective_batch, record_batch,  # noqa: E402
-                             start_stage_clock)
+from common.training import (after_update, data_wait_share, log_effective_batch, rank_and_world_size,  # noqa: E402
+                             record_batch, start_stage_clock)
 
 logger = logging.getLogger(__name__)
 
@@ -114,8 +114,10 @@ class JointPretraining(sb.Brain):
 
     def on_fit_start(self):
         super().on_fit_start()
-        log_effective_batch(self, {SPEECH: (self.hparams.max_batch_seconds, "padded seconds"),
-                                   "text": (self.hparams.max_batch_tokens, "padded tokens")})
+        budgets = {SPEECH: (self.hparams.max_batch_seconds, "padded seconds")}
+        if {TEXT, PAIRED} & self.train_loader.streams.keys():
+            budgets["text"] = (self.hparams.max_batch_tokens, "padded tokens")
+        log_effective_batch(self, budgets)
 
     def on_stage_end(self, stage, stage_loss, epoch=None):
         """Log the epoch's per-task figures; checkpoint after validation (or training without one)."""
@@ -187,8 +189,7 @@ def main(argv):
     brain.noiser = make_noiser(hparams, Tokenizer(hparams["tokenizer_file"]))
     unit_dirs = hparams["units_dirs"] + ([hparams["valid_units_dir"]] if hparams["valid_units_dir"] else [])
     brain.units = read_units(unit_dirs, expected_hash=hparams["kmeans_hash"])
-    rank, world_size = int(os.environ.get("RANK", 0)), int(os.environ.get("WORLD_SIZE", 1))
-    brain.train_loader = training_mix(hparams, rank, world_size)
+    brain.train_loader = training_mix(hparams, *rank_and_world_size())
     brain.units.check_covers(used_keys(brain.train_loader.streams[SPEECH]), hparams["speech_parquets"])
     hparams["checkpointer"].add_recoverable("train_loader", brain.train_loader)
     if hparams["valid_parquet"]:

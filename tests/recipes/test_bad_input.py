@@ -71,12 +71,6 @@ def test_bad_entries_are_rejected_with_reasons_and_every_good_one_is_trained_on_
     assert json.loads((exp / "results.json").read_text())["mixed"]["num_utterances"] == len(good)
 
 
-def with_option(argv, option):
-    """``argv`` with ``option`` (``--key=value``) in place of any earlier value of that key."""
-    key = option.split("=", 1)[0] + "="
-    return [arg for arg in argv if not arg.startswith(key)] + [option]
-
-
 def corrupt_silently(shard_folder, rows):
     """Overwrite 64 bytes in the middle of the first .opus member of ``rows`` that libsndfile still
     decodes without an error (it drops the Ogg page whose checksum fails: the audio comes out short,
@@ -156,5 +150,5 @@ def test_wrong_types_and_missing_paths_fail_before_any_work(speech_shards, token
     exist stop the run with a ConfigError naming the key, the value and the fix, before the experiment
     folder is created."""
     with pytest.raises(ConfigError, match=message):
-        train.main(with_option(train_argv(speech_shards, tokenizer_file, tmp_path / "exp"), override))
+        train.main(train_argv(speech_shards, tokenizer_file, tmp_path / "exp", override))  # the last value wins
     assert not (tmp_path / "exp").exists()
