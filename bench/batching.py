@@ -2,7 +2,8 @@
 
 Same stream for every method: 20,000 LibriSpeech-like lengths (lognormal, median 12 s, sigma 0.5,
 clipped 1-35 s), 200 s padded budget (batch size x longest). Methods:
-- tandem: ``common.data.batching.buffered_batches`` (buffer 1024).
+- tandem / tandem_<buffer>: ``common.data.batching.buffered_batches`` (buffer 1024, then each
+  ``--buffers`` size; ``--emit-fraction`` sets its tightness).
 - speechbrain_1024 / speechbrain_4096: ``speechbrain.dataio.iterators.dynamic_bucketed_batch`` with
   ``max_batch_numel`` = ``target_batch_numel`` = the budget (in 16 kHz samples).
 - sort_buffer_1024: sort each block of 1024 lengths, cut greedily from the long end.
@@ -52,8 +53,14 @@ def sort_buffer_batches(lengths, buffer_size):
     return batches
 
 
-METHODS = {
-    "tandem": lambda lengths: buffered_batches(lengths, BUDGET, buffer_size=1024),
+def tandem_methods(buffers, emit_fraction):
+    """Tandem's planner at each buffer size (``tandem`` is the buffer of 1024 the goals name)."""
+    return {("tandem" if size == 1024 else f"tandem_{size}"): (
+        lambda lengths, size=size: buffered_batches(lengths, BUDGET, buffer_size=size, emit_fraction=emit_fraction))
+        for size in [1024] + [b for b in buffers if b != 1024]}
+
+
+BASELINES = {
     "speechbrain_1024": lambda lengths: speechbrain_batches(lengths, 1024),
     "speechbrain_4096": lambda lengths: speechbrain_batches(lengths, 4096),
     "sort_buffer_1024": lambda lengths: sort_buffer_batches(lengths, 1024),
@@ -82,10 +89,13 @@ def main(argv=None):
     parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     parser.add_argument("--json", action="store_true", help="end with one JSON line of the figures")
     parser.add_argument("--count", type=int, default=20000, help="utterances in the stream")
+    parser.add_argument("--buffers", type=int, nargs="+", default=[4096], help="Tandem's buffers besides 1024")
+    parser.add_argument("--emit-fraction", type=float, default=0.25, help="Tandem's emit_fraction")
     args = parser.parse_args(argv)
     lengths = np.clip(np.random.default_rng(0).lognormal(np.log(12), 0.5, args.count), 1, 35)
     oracle_count = len(sorted_oracle_batches(lengths, BUDGET))
-    results = {name: measure(lengths, make, oracle_count) for name, make in METHODS.items()}
+    methods = {**tandem_methods(args.buffers, args.emit_fraction), **BASELINES}
+    results = {name: measure(lengths, make, oracle_count) for name, make in methods.items()}
     print(f"{args.count} lengths, lognormal median 12 s sigma 0.5 clipped 1-35 s, budget {BUDGET:.0f} s padded")
     print(f"{'method':18} {'padding %':>9} {'batches':>8} {'vs oracle':>9} {'us/utt':>7} {'over budget':>11} "
           f"{'padding vs SB1024':>17}")

@@ -4,16 +4,21 @@ A batch costs ``len(batch) * max(lengths)`` (its padded length: seconds for spee
 that cost never exceeds the budget. Lengths come from the metadata parquet, so batches are planned
 before any audio is read; the planned batches are then filled from the shard stream.
 
-Why a rolling sorted buffer that emits only its tightest batches: the stream arrives in random length
-order and at most ``buffer_size`` utterances may be held (decoded) at once. A buffer sorted by length
-and cut into full batches from the long end gives batches of near-equal lengths; emitting only the
-``emit_fraction`` of those batches with the least padding and keeping the rest lets utterances of rare
-lengths wait for partners, so padding falls below SpeechBrain's random-pivot sampler at the same
-buffer (see ``bench/batching.py``). Batches that are not full (fewer utterances than the budget
-allows) are never emitted before the stream ends, so the batch count stays within ~1 % of a global
-sort. Smaller ``emit_fraction`` = tighter batches, more CPU (the buffer is re-sorted more often).
+How: the stream arrives in random length order and at most ``buffer_size`` utterances may be held
+(decoded) at once. Each round the buffer is refilled and sorted by length; every run of consecutive
+sorted items that fills a batch is a candidate, and only the best ``emit_fraction`` of them (disjoint)
+are emitted. The rest wait for partners of similar length.
+
+"Best" weighs a candidate's padding per item against how long partners of its length take to arrive.
+The stream's length density ``f`` is known from the metadata. Holding items of length ``L`` until a
+batch of width ``d`` fills costs about ``1 / (L d)`` held items (Little's law: ``budget / L`` items
+arrive at rate ``f d``); the padding it saves is about ``f d``. Spending the buffer where it saves the
+most gives ``d(L) ~ 1 / sqrt(L f(L))``, so a candidate's score is its padding per item divided by
+that allowance: common lengths must batch tightly, rare ones may not wait for ever. On the benchmark
+stream this halves SpeechBrain's padding at the same buffer (see ``bench/batching.py``).
 """
 
+import bisect
 import logging
 
 import numpy as np
@@ -52,11 +57,8 @@ def batch_sizes_for_heads(head_lengths, budget, max_batch_size=None):
     return np.maximum(sizes, 1)
 
 
-def cut_sorted(lengths_desc, budget, max_batch_size=None, offset=0):
+def cut_sorted(lengths_desc, budget, max_batch_size=None):
     """Cut lengths sorted in descending order into consecutive batches, each as full as allowed.
-
-    A non-zero ``offset`` makes the first batch ``lengths_desc[:offset]`` (not full) and shifts every
-    later cut, so the same lengths are grouped differently (batch composition varies across epochs).
 
     Returns
     -------
@@ -66,8 +68,7 @@ def cut_sorted(lengths_desc, budget, max_batch_size=None, offset=0):
         Whether batch ``j`` holds as many items as its longest item allows.
     """
     sizes = batch_sizes_for_heads(lengths_desc, budget, max_batch_size)
-    starts = [0] if 0 < offset < len(lengths_desc) else []
-    start, n = (offset if starts else 0), len(lengths_desc)
+    starts, start, n = [], 0, len(lengths_desc)
     while start < n:
         starts.append(start)
         start += int(sizes[start])
@@ -76,11 +77,53 @@ def cut_sorted(lengths_desc, budget, max_batch_size=None, offset=0):
     return starts, ends, (ends - starts) == sizes[starts]
 
 
-def padding_ratios(lengths_desc, starts, ends):
-    """Fraction of each batch's padded length that is padding (0 = no padding)."""
+SCORE_JITTER = 0.1  # random relative noise on candidate scores: the same stream batches differently per epoch
+
+
+def sliding_windows(lengths_desc, budget, max_batch_size=None):
+    """Every candidate batch of a length-sorted buffer: the items from each position down.
+
+    Returns
+    -------
+    starts, ends : np.ndarray
+        Candidate ``j`` is ``lengths_desc[starts[j]:ends[j]]``, as many items as its head allows.
+    full : np.ndarray of bool
+        Whether the buffer holds that many items from ``starts[j]`` on.
+    padding_per_item : np.ndarray
+        Mean padding of the candidate's items (same unit as the lengths).
+    """
+    sizes = batch_sizes_for_heads(lengths_desc, budget, max_batch_size)
+    starts = np.arange(len(lengths_desc))
+    ends = np.minimum(starts + sizes, len(lengths_desc))
     cumulative = np.concatenate([[0.0], np.cumsum(lengths_desc)])
-    padded = (ends - starts) * lengths_desc[starts]
-    return 1.0 - (cumulative[ends] - cumulative[starts]) / padded
+    padding = (ends - starts) * lengths_desc - (cumulative[ends] - cumulative[starts])
+    return starts, ends, ends - starts == sizes, padding / (ends - starts)
+
+
+def wait_allowance(lengths, bins=64):
+    """Padding per item worth accepting at each item's length: ``1 / sqrt(L f(L))`` (module docstring).
+
+    ``f`` is the histogram density of the whole stream, which the metadata gives before reading.
+    """
+    counts, edges = np.histogram(lengths, bins=bins)
+    density = np.maximum(counts / (len(lengths) * np.diff(edges)), 1e-12)
+    bin_of_item = np.clip(np.searchsorted(edges, lengths, side="right") - 1, 0, bins - 1)
+    return 1.0 / np.sqrt(lengths * density[bin_of_item])
+
+
+def pick_disjoint(starts, ends, count):
+    """Positions of the first ``count`` ranges (in the given order) that overlap no range picked before."""
+    picked_starts, picked_ends, picked = [], [], []
+    for j, (start, end) in enumerate(zip(starts, ends)):
+        i = bisect.bisect_right(picked_starts, start)
+        if (i and picked_ends[i - 1] > start) or (i < len(picked_starts) and picked_starts[i] < end):
+            continue
+        picked_starts.insert(i, start)
+        picked_ends.insert(i, end)
+        picked.append(j)
+        if len(picked) == count:
+            break
+    return picked
 
 
 def buffered_batches(
@@ -99,9 +142,11 @@ def buffered_batches(
     buffer_size : int
         Most items held at once (larger = less padding, more memory).
     emit_fraction : float
-        Share of the buffer's full batches emitted per round, tightest first (0 < f <= 1).
+        Share of the buffer's batches emitted per round, best first (0 < f <= 1); smaller = tighter
+        batches and more CPU (the buffer is re-sorted more often).
     rng : np.random.Generator, optional
-        Shuffles the batch order within each round (batch order varies across epochs).
+        Jitters the candidates' scores and shuffles the batch order within each round (batch order and
+        composition vary across epochs).
 
     Returns
     -------
@@ -119,32 +164,48 @@ def buffered_batches(
     check_budget(lengths, budget)
     if not 0 < emit_fraction <= 1:
         raise ValueError(f"emit_fraction={emit_fraction} must be in (0, 1]")
+    if not len(lengths):
+        return []
     rng = rng or np.random.default_rng(0)
+    allowance = wait_allowance(lengths)
+    per_round = emit_fraction / float(np.median(batch_sizes_for_heads(lengths, budget, max_batch_size)))
     batches, held, position = [], np.empty(0, dtype=np.int64), 0
-    while position < len(lengths) or len(held):
+    while position < len(lengths):
         taken = min(buffer_size - len(held), len(lengths) - position)
         held = np.concatenate([held, np.arange(position, position + taken)])
         position += taken
         held = held[np.argsort(-lengths[held], kind="stable")]
-        offset = int(rng.integers(0, batch_sizes_for_heads(lengths[held[:1]], budget, max_batch_size)[0]))
-        starts, ends, full = cut_sorted(lengths[held], budget, max_batch_size, offset)
-        if position >= len(lengths):  # stream ended: flush everything
-            chosen = np.arange(len(starts))
-        else:
-            chosen = choose_tightest(lengths[held], starts, ends, full, emit_fraction)
+        ranges = best_windows(lengths[held], allowance[held], budget, max_batch_size,
+                              max(1, int(len(held) * per_round)), rng)
         emitted = np.zeros(len(held), dtype=bool)
-        for j in rng.permutation(chosen):
-            batches.append(held[starts[j] : ends[j]])
-            emitted[starts[j] : ends[j]] = True
+        for j in rng.permutation(len(ranges)):
+            start, end = ranges[j]
+            batches.append(held[start:end])
+            emitted[start:end] = True
         held = held[~emitted]
-    return batches
+    held = held[np.argsort(-lengths[held], kind="stable")]  # stream ended: cut what is left greedily
+    starts, ends, _ = cut_sorted(lengths[held], budget, max_batch_size)
+    return batches + [held[starts[j] : ends[j]] for j in rng.permutation(len(starts))]
 
 
-def choose_tightest(lengths_desc, starts, ends, full, emit_fraction):
-    """Indices of the full batches with the least padding (at least one batch, so rounds progress)."""
-    ratios = np.where(full, padding_ratios(lengths_desc, starts, ends), np.inf)
-    count = max(1, int(full.sum() * emit_fraction))
-    return np.argsort(ratios, kind="stable")[:count]
+def best_windows(lengths_desc, allowance, budget, max_batch_size, count, rng):
+    """(start, end) of up to ``count`` disjoint full candidates of a sorted buffer, best score first.
+
+    With no full candidate (a buffer of long items whose batches need more than it holds), the
+    longest items form one batch, so every round emits something.
+    """
+    starts, ends, full, padding_per_item = sliding_windows(lengths_desc, budget, max_batch_size)
+    score = np.where(full, padding_per_item / allowance, np.inf)
+    score *= rng.uniform(1.0, 1.0 + SCORE_JITTER, len(score))
+    pool = min(len(score), 6 * count)  # enough candidates to find ``count`` disjoint ones
+    ranked = np.argpartition(score, pool - 1)[:pool]
+    ranked = ranked[np.argsort(score[ranked], kind="stable")]
+    ranked = ranked[np.isfinite(score[ranked])]
+    ranked_starts, ranked_ends = starts[ranked].tolist(), ends[ranked].tolist()
+    picked = pick_disjoint(ranked_starts, ranked_ends, count)
+    if not picked:
+        return [(0, int(ends[0]))]
+    return [(ranked_starts[j], ranked_ends[j]) for j in picked]
 
 
 def sorted_oracle_batches(lengths, budget, max_batch_size=None):
