@@ -222,9 +222,8 @@ class TimedASR(train.ASR):
         epoch_start = loader.position == 1  # ``wait_seconds`` restarts with each epoch's ``for`` loop
         waited_before = 0.0 if epoch_start else self.waited
         self.waited = loader.wait_seconds
-        wavs, lengths = batch.sig
         self.records.append({"wait_s": self.waited - waited_before, "utterances": len(batch.id),
-                             "audio_s": float((lengths * wavs.shape[1]).sum()) / SAMPLE_RATE,
+                             "audio_s": float(batch.duration.sum()),
                              "epoch_start": epoch_start})
 
     def on_fit_batch_end(self, batch, outputs, loss, should_step):

@@ -21,6 +21,8 @@ import sentencepiece
 import torch
 from speechbrain.dataio.batch import PaddedBatch
 
+from common.audio import SAMPLE_RATE
+
 logger = logging.getLogger(__name__)
 
 BOS_ID, EOS_ID, PAD_ID = 1, 2, 0  # tokenizer contract: 0 = <blank>/pad, 1 = <s>, 2 = </s>
@@ -105,20 +107,29 @@ def token_fields(tokens, prefix=""):
 
 
 def speech_sample(key, waveform, text, tokens):
-    """The per-utterance dict a speech batch is collated from."""
-    return {"id": key, "sig": waveform, "text": text, **token_fields(tokens)}
+    """The per-utterance dict a speech batch is collated from (``duration`` in seconds)."""
+    return {"id": key, "sig": waveform, "duration": len(waveform) / SAMPLE_RATE, "text": text,
+            **token_fields(tokens)}
 
 
 def collate(samples, features=None):
-    """Pad samples into a ``PaddedBatch`` (pad value 0); add ``feats`` with ``features`` if given.
+    """Pad samples into a ``PaddedBatch`` (pad value 0).
 
-    ``features`` (e.g. ``speechbrain.lobes.features.Fbank``) runs on each waveform in the worker,
-    before padding (no frames computed for padding, one padding pass).
+    With ``features`` (e.g. ``speechbrain.lobes.features.Fbank``) each waveform is replaced by its
+    features ``feats``, computed in the worker before padding (no frames computed for padding, one
+    padding pass). The waveform is dropped: nothing downstream reads it, and handing it to the main
+    process as well would double the bytes copied through shared memory.
     """
     if features is not None:
         with torch.no_grad():
-            samples = [dict(sample, feats=features(sample["sig"][None])[0]) for sample in samples]
+            samples = [with_features(sample, features) for sample in samples]
     return PaddedBatch(samples, padding_kwargs={"value": PAD_ID})
+
+
+def with_features(sample, features):
+    """The sample with ``feats`` of its waveform in place of ``sig``."""
+    fields = {name: value for name, value in sample.items() if name != "sig"}
+    return {**fields, "feats": features(sample["sig"][None])[0]}
 
 
 def speech_input(batch):

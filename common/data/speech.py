@@ -227,7 +227,8 @@ def make_speech_loader(
     speed_perturb : list of float, optional
         Speed factors drawn per utterance and epoch, e.g. ``[0.9, 1.0, 1.1]`` (duration / factor).
     features : callable, optional
-        Run on padded waveforms in the workers (e.g. ``speechbrain.lobes.features.Fbank``) -> ``feats``.
+        Run on each waveform in the workers (e.g. ``speechbrain.lobes.features.Fbank``): batches then
+        hold ``feats`` instead of ``sig``.
     buffer_size, emit_fraction
         Batching buffer (utterances held per worker) and tightness, see ``batching.buffered_batches``.
     text_field : str
@@ -244,8 +245,8 @@ def make_speech_loader(
     -------
     SpeechLoader
         Iterate once per epoch; ``len()``, ``set_epoch()``, ``state_dict()``/``load_state_dict()``,
-        SpeechBrain checkpoint hooks. Batches: ``id``, ``sig``, ``text``, ``tokens``, ``tokens_bos``,
-        ``tokens_eos`` (+ ``feats``).
+        SpeechBrain checkpoint hooks. Batches: ``id``, ``sig`` (or ``feats``), ``duration`` (s),
+        ``text``, ``tokens``, ``tokens_bos``, ``tokens_eos``.
     """
     tokenizer = tokenizer if isinstance(tokenizer, Tokenizer) else Tokenizer(tokenizer)
     metadata = read_speech_metadata(parquets, text_field)

@@ -41,6 +41,14 @@ def test_buffer_never_holds_more_than_buffer_size():
         emitted += len(batch)
 
 
+def test_first_batch_needs_only_the_first_fill():
+    """A worker's first batch is made of the stream's first 64 items (not a whole buffer's worth), so
+    training starts after 64 decodes at each epoch start."""
+    lengths = librispeech_like(5000, seed=5)
+    first = buffered_batches(lengths, 200.0, buffer_size=1024)[0]
+    assert first.max() < 64
+
+
 def test_padding_is_lower_than_speechbrain_at_the_same_buffer():
     """At buffer 1024, padding is at most 0.6 x SpeechBrain's dynamic_bucketed_batch, batches within 1 % of a global sort."""
     lengths = librispeech_like(8000, seed=2)

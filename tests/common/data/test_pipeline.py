@@ -38,3 +38,5 @@ def test_worker_features_match_per_utterance_features():
     frames = int(round(batch.feats.lengths[1].item() * batch.feats.data.shape[1]))
     assert frames == alone.shape[0]
     assert torch.allclose(batch.feats.data[1, :frames], alone, atol=1e-4)
+    assert getattr(batch, "sig", None) is None  # the waveform is not handed over as well
+    assert batch.duration.tolist() == [1.0, 0.5]
