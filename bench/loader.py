@@ -8,7 +8,8 @@ each with the CPU seconds it used (this process and its workers or pool processe
 
 Every measurement is repeated (``--repeats``, interleaved so that a slow spell of the machine hits all
 of them alike); the table gives the best rate of each and, beside it, the median of the per-repeat
-ratios to the limit measured in the same repeat.
+ratios to the limit measured in the same repeat. A last, untimed epoch measures the loader's memory:
+the peak it allocates against what its planned buffer would hold as decoded audio.
 
     python bench/loader.py [--json] [--repeats 3]
 """
@@ -19,6 +20,7 @@ import logging
 import resource
 import sys
 import tempfile
+import tracemalloc
 import time
 from multiprocessing import get_context
 from pathlib import Path
@@ -87,6 +89,33 @@ def loader_rate(parquet, tokenizer, workers, features_in_worker):
     return seconds / (time.perf_counter() - start), cpu_seconds() - cpu
 
 
+def loader_memory(parquet, tokenizer):
+    """(peak MB the in-process loader allocates over one epoch, MB its planned buffer would hold as
+    decoded float32 audio). The first is tracemalloc's peak (numpy waveforms and Python objects, not
+    torch's own allocations): the Opus bytes held for planned batches plus the batch being made."""
+    loader = make_speech_loader(parquet, tokenizer, 120.0, num_workers=0)
+    tracemalloc.start()
+    for _ in loader:
+        pass
+    peak = tracemalloc.get_traced_memory()[1] / 1e6
+    tracemalloc.stop()
+    return peak, decoded_buffer_peak_mb(loader)
+
+
+def decoded_buffer_peak_mb(loader):
+    """Most decoded audio (MB of float32 at 16 kHz) held at once if the epoch's plan held waveforms:
+    the members read but not yet yielded, replayed batch by batch."""
+    slot = loader.plan(0)[0][0]
+    position = {int(row): i for i, row in enumerate(slot.stream_rows)}
+    read_seconds = np.cumsum(loader.metadata.durations[slot.stream_rows])
+    reached, yielded, peak = -1, 0.0, 0.0
+    for batch in slot.batches:
+        reached = max(reached, max(position[int(row)] for row in batch))
+        peak = max(peak, read_seconds[reached] - yielded)
+        yielded += loader.metadata.durations[batch].sum()
+    return peak * 16000 * 4 / 1e6
+
+
 def main(argv=None):
     parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     parser.add_argument("--json", action="store_true", help="end with one JSON line of the figures")
@@ -99,6 +128,7 @@ def main(argv=None):
         parquet = write_shards(folder, [args.utterances_per_shard] * 8, min_seconds=2.0, max_seconds=8.0)
         tokenizer = train_tiny_tokenizer(folder)
         repeats = [measure_once(parquet, tokenizer) for _ in range(args.repeats)]
+        allocated, decoded = loader_memory(parquet, tokenizer)
     best = {name: max((r[name] for r in repeats), key=lambda row: row[1]) for name in repeats[0]}
     median_ratio = {name: float(np.median([r[name][1] / r["limit"][1] for r in repeats])) for name in repeats[0]}
     limit = best["limit"][1]
@@ -106,6 +136,8 @@ def main(argv=None):
     for name, (workers, rate, cpu) in best.items():
         label = "limit: 2 independent processes" if name == "limit" else name
         print(f"{label:32} {workers:7d} {rate:10.1f} {rate / limit:8.3f} {median_ratio[name]:12.3f} {cpu:7.2f}")
+    print(f"memory, one in-process epoch: peak allocation {allocated:.1f} MB (tracemalloc) vs {decoded:.1f} MB "
+          f"if the planned buffer held decoded audio: {allocated / decoded:.3f}")
     if args.json:
         print(json.dumps({name: {"audio_s_per_s": round(rate, 1), "workers": workers, "cpu_s": round(cpu, 2),
                                  "limit_audio_s_per_s": round(limit, 1), "median_ratio": round(median_ratio[name], 3)}

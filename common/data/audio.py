@@ -61,20 +61,36 @@ def decoded_audio(path, wanted, bad_data, durations=None):
     """Yield ``(key, waveform)`` for the opus members of ``path`` whose key is in ``wanted``.
 
     Unwanted members are read past without decoding; an undecodable one is counted and skipped. With
-    ``durations`` ({key: seconds}, from the metadata), so is one that decodes to another length:
-    libsndfile silently drops an Ogg page whose checksum fails, so a corrupted member decodes short.
+    ``durations`` ({key: seconds}, from the metadata), so is one that decodes to another length.
     """
+    for key, data in wanted_members(path, wanted, bad_data):
+        waveform = decode_member(key, data, path, bad_data, None if durations is None else durations[key])
+        if waveform is not None:
+            yield key, waveform
+
+
+def wanted_members(path, wanted, bad_data):
+    """Yield ``(key, Opus bytes)`` for the opus members of ``path`` whose key is in ``wanted``."""
     for key, extension, data in shard_members(path, bad_data):
-        if extension != "opus" or key not in wanted:
-            continue
-        try:
-            waveform = decode_waveform(data)
-            if durations is not None:
-                check_duration(waveform, durations[key])
-        except Exception as error:  # soundfile raises RuntimeError / LibsndfileError on bad data
-            bad_data.record("undecodable", f"{key} in {path}: {error}")
-            continue
-        yield key, waveform
+        if extension == "opus" and key in wanted:
+            yield key, data
+
+
+def decode_member(key, data, path, bad_data, seconds=None):
+    """The waveform of one Opus member, or None when it cannot be decoded (counted, with a warning).
+
+    With ``seconds`` (from the metadata), a member that decodes to another length counts as
+    undecodable too: libsndfile silently drops an Ogg page whose checksum fails, so a corrupted member
+    decodes short.
+    """
+    try:
+        waveform = decode_waveform(data)
+        if seconds is not None:
+            check_duration(waveform, seconds)
+        return waveform
+    except Exception as error:  # soundfile raises RuntimeError / LibsndfileError on bad data
+        bad_data.record("undecodable", f"{key} in {path}: {error}")
+        return None
 
 
 def check_duration(waveform, seconds):

@@ -1,8 +1,8 @@
 """Speech loader: metadata parquet + shards -> ``PaddedBatch`` es, rank-balanced and resumable.
 
 The main process plans the epoch from metadata (``planning.plan_epoch``); each dataloader worker owns
-whole shards, streams them front to back, decodes only the utterances of its remaining planned batches,
-and yields ready collated batches (``batch_size=None``: one pickled batch per step between processes,
+whole shards, streams them front to back, keeps the Opus bytes of the utterances of its remaining
+planned batches, decodes each when its batch is made, and yields ready collated batches (``batch_size=None``: one pickled batch per step between processes,
 not one tensor per utterance). Torch's DataLoader takes batches from its workers round-robin and every
 worker yields the same number of batches, so the order inside a rank is fixed by the plan.
 """
@@ -13,7 +13,7 @@ from collections import Counter
 import numpy as np
 from torch.utils.data import DataLoader, IterableDataset, get_worker_info
 
-from common.data.audio import BadDataCounts, choose_speeds, decoded_audio, speed_perturb
+from common.data.audio import BadDataCounts, choose_speeds, decode_member, speed_perturb, wanted_members
 from common.data.metadata import read_speech_metadata
 from common.data.pipeline import Tokenizer, collate, count_tokens, keep_mask, speech_sample
 from common.data.planning import batches_to_skip, plan_epoch
@@ -52,8 +52,10 @@ class ShardStreamDataset(IterableDataset):
         bad_data, last_good, owed = BadDataCounts(), None, 0
         waveforms = self.stream_waveforms(slot, remaining, bad_data)
         for rows in remaining:
-            samples = [self.make_sample(row, waveforms.get(row)) for row in rows if waveforms.has(row)]
-            bad_data.update(missing=len(rows) - len(samples) - waveforms.dropped(rows))
+            read = [row for row in rows if waveforms.has(row)]
+            bad_data.update(missing=len(rows) - len(read))
+            samples = [self.make_sample(row, waveform) for row in read
+                       if (waveform := waveforms.get(row)) is not None]
             if not samples:  # keep the step count: repeat a real batch (no dummy), counted
                 bad_data["repeated_batch"] += 1
                 if last_good is None:
@@ -82,59 +84,58 @@ class ShardStreamDataset(IterableDataset):
 
 
 class WaveformStream:
-    """Decoded waveforms of wanted rows, read lazily in stream order as batches ask for them.
+    """Waveforms of wanted rows, read lazily in stream order as batches ask for them.
 
-    ``has(row)`` reads on until the reader is past ``row``; waveforms are released by ``get``, so at
-    most the planned buffer of utterances is held, unless ``cache`` (a dict kept by the caller)
-    keeps every waveform handed over: rows already in it are not read again.
+    The reader keeps each wanted member's Opus bytes (a few kB per second of audio, about a twentieth
+    of the decoded float32 waveform) and ``get`` decodes it when its batch is made: the planned
+    buffer of held utterances costs little memory (1024 LibriSpeech-like utterances: ~40 MB, not
+    ~800 MB per worker), and each waveform goes from decoding to features while it is in cache.
+    ``has(row)`` reads on until the reader is past ``row``; bytes are released by ``get``. With
+    ``cache`` (a dict kept by the caller), every waveform handed over is kept and its row not read again.
     """
 
     def __init__(self, metadata, slot, wanted, bad_data, cache=None):
+        self.metadata, self.bad_data = metadata, bad_data
         self.position_of = {int(row): i for i, row in enumerate(slot.stream_rows)}
-        self.ready, self.undecodable, self.reached = {}, set(), -1
+        self.encoded, self.reached = {}, -1
         self.cache = cache
         wanted = wanted - cache.keys() if cache is not None else wanted
-        self.reader = self.read(metadata, slot, wanted, bad_data)
+        self.reader = self.read(slot, wanted)
 
-    def read(self, metadata, slot, wanted, bad_data):
-        """Yield the stream position reached after each decoded member and at each shard end."""
-        shard_of_stream = metadata.shard_of_row[slot.stream_rows]
+    def read(self, slot, wanted):
+        """Yield the stream position reached after each kept member and at each shard end."""
+        shard_of_stream = self.metadata.shard_of_row[slot.stream_rows]
         end = 0
         for shard in slot.shards:
             rows = slot.stream_rows[shard_of_stream == shard]
             end += len(rows)
-            wanted_keys = {metadata.keys[r]: int(r) for r in rows if int(r) in wanted}
+            wanted_keys = {self.metadata.keys[r]: int(r) for r in rows if int(r) in wanted}
             if wanted_keys:
-                before = bad_data["undecodable"]
-                durations = {key: metadata.durations[row] for key, row in wanted_keys.items()}
-                for key, waveform in decoded_audio(metadata.shard_paths[shard], wanted_keys, bad_data, durations):
-                    row = wanted_keys.pop(key)
-                    self.ready[row] = waveform
+                for key, data in wanted_members(self.metadata.shard_paths[shard], wanted_keys, self.bad_data):
+                    row = wanted_keys[key]
+                    self.encoded[row] = data
                     yield self.position_of[row]
-                if bad_data["undecodable"] > before:
-                    self.undecodable.update(wanted_keys.values())
             yield end - 1
 
     def has(self, row):
-        """Whether ``row`` was decoded (reads on until the stream is past it)."""
+        """Whether ``row``'s member was read (reads on until the stream is past it)."""
         if self.cache is not None and row in self.cache:
             return True
-        while self.reached < self.position_of[row] and row not in self.ready:
+        while self.reached < self.position_of[row] and row not in self.encoded:
             self.reached = max(self.reached, next(self.reader, len(self.position_of)))
-        return row in self.ready
+        return row in self.encoded
 
     def get(self, row):
-        """Hand over (and release, unless cached) the waveform of ``row``."""
-        if row not in self.ready:
+        """Decode and hand over the waveform of a read ``row`` (releasing its bytes); None when it
+        cannot be decoded (counted as ``undecodable``)."""
+        if row not in self.encoded:
             return self.cache[row]
-        waveform = self.ready.pop(row)
-        if self.cache is not None:
+        shard_path = self.metadata.shard_paths[self.metadata.shard_of_row[row]]
+        waveform = decode_member(self.metadata.keys[row], self.encoded.pop(row), shard_path, self.bad_data,
+                                 self.metadata.durations[row])
+        if self.cache is not None and waveform is not None:
             self.cache[row] = waveform
         return waveform
-
-    def dropped(self, rows):
-        """How many of ``rows`` were already counted as undecodable."""
-        return sum(row in self.undecodable for row in rows)
 
 
 class SpeechLoader(BatchStream):

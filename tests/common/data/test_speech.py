@@ -153,7 +153,27 @@ def test_cached_audio_gives_the_same_batches_and_later_epochs_read_no_shard(tone
     plain, cached = make(), make(cache_audio=True)
     for a, b in zip(list(plain), list(cached)):
         assert a.id == b.id and torch.equal(a.sig.data, b.sig.data)
-    monkeypatch.setattr(speech, "decoded_audio", lambda *args: (_ for _ in ()).throw(AssertionError("read")))
+    monkeypatch.setattr(speech, "wanted_members", lambda *args: (_ for _ in ()).throw(AssertionError("read")))
     assert epoch_keys(cached) == cached.planned_keys(1)
     with pytest.raises(ValueError, match="num_workers=2"):
         make_speech_loader(tone_shards, tokenizer_model, 5.0, num_workers=2, cache_audio=True)
+
+
+def test_members_read_ahead_are_held_encoded_and_decoded_when_asked(tone_shards, tokenizer_model):
+    """Read-ahead members stay Opus bytes (over 5 x smaller than their float32 waveforms) until ``get``
+    decodes one for its batch and releases its bytes."""
+    from common.data.audio import BadDataCounts
+    from common.data.speech import WaveformStream
+
+    loader = make_speech_loader(tone_shards, tokenizer_model, 5.0, num_workers=0)
+    slot = loader.plan(0)[0][0]
+    stream = WaveformStream(loader.metadata, slot, set(slot.stream_rows.tolist()), BadDataCounts())
+    last = int(slot.stream_rows[-1])
+    assert stream.has(last)
+    held = stream.encoded
+    assert len(held) == len(slot.stream_rows) and all(isinstance(data, bytes) for data in held.values())
+    decoded_bytes = loader.metadata.durations[list(held)].sum() * 16000 * 4
+    assert 5 * sum(map(len, held.values())) < decoded_bytes
+    waveform = stream.get(last)
+    assert waveform.dtype == torch.float32 and last not in stream.encoded
+    assert abs(len(waveform) / 16000 - loader.metadata.durations[last]) <= 0.02
