@@ -28,14 +28,14 @@ from speechbrain.dataio.iterators import dynamic_bucketed_batch  # noqa: E402
 from common.data.batching import buffered_batches, padding_percent, sorted_oracle_batches  # noqa: E402
 
 logger = logging.getLogger(__name__)
-BUDGET = 200.0  # s of padded audio per batch
+BUDGET = 200.0  # s of padded audio per batch (default of --budget)
 RATE = 16000  # samples per second, SpeechBrain counts lengths in samples
 
 
-def speechbrain_batches(lengths, buffer_size):
+def speechbrain_batches(lengths, budget, buffer_size):
     """SpeechBrain's dynamic bucketed batching over the stream; returns index arrays."""
     samples = [{"i": i, "n": int(round(x * RATE))} for i, x in enumerate(lengths)]
-    budget = int(BUDGET * RATE)
+    budget = int(budget * RATE)
     rng = random.Random(0)
     return list(dynamic_bucketed_batch(
         samples, len_key="n", len_fn=None, buffersize=buffer_size,
@@ -44,11 +44,11 @@ def speechbrain_batches(lengths, buffer_size):
     ))
 
 
-def sort_buffer_batches(lengths, buffer_size):
+def sort_buffer_batches(lengths, budget, buffer_size):
     """Sort each block of ``buffer_size`` lengths and cut it greedily (partial batch per block)."""
     batches = []
     for start in range(0, len(lengths), buffer_size):
-        block = sorted_oracle_batches(lengths[start : start + buffer_size], BUDGET)
+        block = sorted_oracle_batches(lengths[start : start + buffer_size], budget)
         batches += [b + start for b in block]
     return batches
 
@@ -56,24 +56,25 @@ def sort_buffer_batches(lengths, buffer_size):
 def tandem_methods(buffers, emit_fraction):
     """Tandem's planner at each buffer size (``tandem`` is the buffer of 1024 the goals name)."""
     return {("tandem" if size == 1024 else f"tandem_{size}"): (
-        lambda lengths, size=size: buffered_batches(lengths, BUDGET, buffer_size=size, emit_fraction=emit_fraction))
+        lambda lengths, budget, size=size: buffered_batches(lengths, budget, buffer_size=size,
+                                                            emit_fraction=emit_fraction))
         for size in [1024] + [b for b in buffers if b != 1024]}
 
 
 BASELINES = {
-    "speechbrain_1024": lambda lengths: speechbrain_batches(lengths, 1024),
-    "speechbrain_4096": lambda lengths: speechbrain_batches(lengths, 4096),
-    "sort_buffer_1024": lambda lengths: sort_buffer_batches(lengths, 1024),
-    "oracle": lambda lengths: sorted_oracle_batches(lengths, BUDGET),
+    "speechbrain_1024": lambda lengths, budget: speechbrain_batches(lengths, budget, 1024),
+    "speechbrain_4096": lambda lengths, budget: speechbrain_batches(lengths, budget, 4096),
+    "sort_buffer_1024": lambda lengths, budget: sort_buffer_batches(lengths, budget, 1024),
+    "oracle": sorted_oracle_batches,
 }
 
 
-def measure(lengths, make_batches, oracle_count):
+def measure(lengths, budget, make_batches, oracle_count):
     """Figures of one method (best of 3 timings)."""
     seconds = []
     for _ in range(3):
         start = time.perf_counter()
-        batches = make_batches(lengths)
+        batches = make_batches(lengths, budget)
         seconds.append(time.perf_counter() - start)
     assert sorted(np.concatenate(batches).tolist()) == list(range(len(lengths)))
     return {
@@ -81,7 +82,7 @@ def measure(lengths, make_batches, oracle_count):
         "batches": len(batches),
         "oracle_batches": oracle_count,
         "us_per_utt": round(min(seconds) / len(lengths) * 1e6, 3),
-        "over_budget_batches": int(sum(len(b) * lengths[b].max() > BUDGET for b in batches)),
+        "over_budget_batches": int(sum(len(b) * lengths[b].max() > budget for b in batches)),
     }
 
 
@@ -90,13 +91,14 @@ def main(argv=None):
     parser.add_argument("--json", action="store_true", help="end with one JSON line of the figures")
     parser.add_argument("--count", type=int, default=20000, help="utterances in the stream")
     parser.add_argument("--buffers", type=int, nargs="+", default=[4096], help="Tandem's buffers besides 1024")
+    parser.add_argument("--budget", type=float, default=BUDGET, help="padded seconds per batch")
     parser.add_argument("--emit-fraction", type=float, default=0.25, help="Tandem's emit_fraction")
     args = parser.parse_args(argv)
     lengths = np.clip(np.random.default_rng(0).lognormal(np.log(12), 0.5, args.count), 1, 35)
-    oracle_count = len(sorted_oracle_batches(lengths, BUDGET))
+    oracle_count = len(sorted_oracle_batches(lengths, args.budget))
     methods = {**tandem_methods(args.buffers, args.emit_fraction), **BASELINES}
-    results = {name: measure(lengths, make, oracle_count) for name, make in methods.items()}
-    print(f"{args.count} lengths, lognormal median 12 s sigma 0.5 clipped 1-35 s, budget {BUDGET:.0f} s padded")
+    results = {name: measure(lengths, args.budget, make, oracle_count) for name, make in methods.items()}
+    print(f"{args.count} lengths, lognormal median 12 s sigma 0.5 clipped 1-35 s, budget {args.budget:.0f} s padded")
     print(f"{'method':18} {'padding %':>9} {'batches':>8} {'vs oracle':>9} {'us/utt':>7} {'over budget':>11} "
           f"{'padding vs SB1024':>17}")
     reference = results["speechbrain_1024"]["padding_pct"]

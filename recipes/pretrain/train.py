@@ -139,7 +139,8 @@ def speech_loader(hparams, parquets, training, rank=0, world_size=1):
     return make_speech_loader(
         parquets, hparams["tokenizer_file"], max_batch_size=hparams["max_batch_size"], seed=hparams["seed"],
         max_batch_seconds=hparams["max_batch_seconds"] if training else hparams["eval_max_batch_seconds"],
-        num_workers=hparams["num_workers"] if training else 0, rank=rank, world_size=world_size,
+        num_workers=hparams["num_workers"] if training else 0, buffer_size=hparams["batch_buffer"],
+        rank=rank, world_size=world_size,
         filters=hparams["filters"] if training else None, cache_audio=training and hparams["cache_audio"],
         features=loader_features(hparams) if training else None)
 
