@@ -5,7 +5,7 @@ that cost never exceeds the budget. Lengths come from the metadata parquet, so b
 before any audio is read; the planned batches are then filled from the shard stream.
 
 How: the stream arrives in random length order and at most ``buffer_size`` utterances may be held
-(decoded) at once. Each round the buffer is refilled and sorted by length; every run of consecutive
+(read and not yet batched) at once. Each round the buffer is refilled and sorted by length; every run of consecutive
 sorted items that fills a batch is a candidate, and only the best ``emit_fraction`` of them (disjoint)
 are emitted. The rest wait for partners of similar length.
 
@@ -16,6 +16,9 @@ arrive at rate ``f d``); the padding it saves is about ``f d``. Spending the buf
 most gives ``d(L) ~ 1 / sqrt(L f(L))``, so a candidate's score is its padding per item divided by
 that allowance: common lengths must batch tightly, rare ones may not wait for ever. On the benchmark
 stream this halves SpeechBrain's padding at the same buffer (see ``bench/batching.py``).
+
+A stream the buffer holds whole (a small corpus) needs no waiting: it is sorted at once and cut from a
+random offset, so batch composition still varies across epochs.
 """
 
 import bisect
@@ -57,8 +60,11 @@ def batch_sizes_for_heads(head_lengths, budget, max_batch_size=None):
     return np.maximum(sizes, 1)
 
 
-def cut_sorted(lengths_desc, budget, max_batch_size=None):
+def cut_sorted(lengths_desc, budget, max_batch_size=None, offset=0):
     """Cut lengths sorted in descending order into consecutive batches, each as full as allowed.
+
+    A non-zero ``offset`` makes the first batch ``lengths_desc[:offset]`` (not full) and shifts every
+    later cut, so the same lengths are grouped differently (batch composition varies across epochs).
 
     Returns
     -------
@@ -68,7 +74,8 @@ def cut_sorted(lengths_desc, budget, max_batch_size=None):
         Whether batch ``j`` holds as many items as its longest item allows.
     """
     sizes = batch_sizes_for_heads(lengths_desc, budget, max_batch_size)
-    starts, start, n = [], 0, len(lengths_desc)
+    starts = [0] if 0 < offset < len(lengths_desc) else []
+    start, n = (offset if starts else 0), len(lengths_desc)
     while start < n:
         starts.append(start)
         start += int(sizes[start])
@@ -78,7 +85,9 @@ def cut_sorted(lengths_desc, budget, max_batch_size=None):
 
 
 FIRST_FILL = 64  # items read before the first round; the buffer then doubles up to ``buffer_size``
-SCORE_JITTER = 0.1  # random relative noise on candidate scores: the same stream batches differently per epoch
+# Candidate scores are multiplied by uniform(1, 1 + SCORE_JITTER), drawn per epoch, so the same stream is
+# not cut into the same batches every epoch; 0.5 costs 0.02 % padding on bench/batching.py.
+SCORE_JITTER = 0.5
 
 
 def sliding_windows(lengths_desc, budget, max_batch_size=None):
@@ -141,9 +150,10 @@ def buffered_batches(
     max_batch_size : int, optional
         Most items per batch.
     buffer_size : int
-        Most items held at once (larger = less padding, more memory). The first round reads only
-        ``FIRST_FILL`` items and the buffer doubles from there: a dataloader worker yields its first
-        batch after 64 decodes, not ``buffer_size`` (at each epoch start), for ~0.02 % more padding.
+        Most items held at once (larger = less padding, more memory). A longer stream's first round
+        reads only ``FIRST_FILL`` items and the buffer doubles from there: a dataloader worker yields
+        its first batch after 64 decodes, not ``buffer_size`` (at each epoch start), for ~0.02 % more
+        padding. A stream of at most ``buffer_size`` items is sorted whole (``whole_stream_batches``).
     emit_fraction : float
         Share of the buffer's batches emitted per round, best first (0 < f <= 1); smaller = tighter
         batches and more CPU (the buffer is re-sorted more often).
@@ -170,6 +180,8 @@ def buffered_batches(
     if not len(lengths):
         return []
     rng = rng or np.random.default_rng(0)
+    if len(lengths) <= buffer_size:
+        return whole_stream_batches(lengths, budget, max_batch_size, rng)
     allowance = wait_allowance(lengths)
     per_round = emit_fraction / float(np.median(batch_sizes_for_heads(lengths, budget, max_batch_size)))
     batches, held, position = [], np.empty(0, dtype=np.int64), 0
@@ -190,6 +202,15 @@ def buffered_batches(
     held = held[np.argsort(-lengths[held], kind="stable")]  # stream ended: cut what is left greedily
     starts, ends, _ = cut_sorted(lengths[held], budget, max_batch_size)
     return batches + [held[starts[j] : ends[j]] for j in rng.permutation(len(starts))]
+
+
+def whole_stream_batches(lengths, budget, max_batch_size, rng):
+    """A stream the buffer holds whole (a small corpus): sorted at once and cut from a random offset
+    (batch composition varies across epochs), the batches in random order."""
+    order = np.argsort(-lengths, kind="stable")
+    offset = int(rng.integers(0, batch_sizes_for_heads(lengths[order[:1]], budget, max_batch_size)[0]))
+    starts, ends, _ = cut_sorted(lengths[order], budget, max_batch_size, offset)
+    return [order[starts[j] : ends[j]] for j in rng.permutation(len(starts))]
 
 
 def best_windows(lengths_desc, allowance, budget, max_batch_size, count, rng):

@@ -86,6 +86,19 @@ def test_order_and_composition_change_with_the_rng():
     assert run(0) != run(1)
 
 
+def test_composition_varies_across_epochs_when_the_buffer_holds_the_whole_stream():
+    """A small corpus held whole (1000 short utterances, buffer 4096) is not cut into the same batches
+    every epoch: under 80 % of the pairs batched together in one epoch are together in the next."""
+    lengths = np.clip(np.random.default_rng(6).lognormal(np.log(2.7), 0.3, 1000), 0.5, 10)
+
+    def pairs(seed):
+        batches = buffered_batches(lengths, 60.0, 32, buffer_size=4096, rng=np.random.default_rng(seed))
+        return {(a, b) for batch in batches for a in batch.tolist() for b in batch.tolist() if a < b}
+
+    first, second = pairs(0), pairs(1)
+    assert len(first & second) < 0.8 * len(first)
+
+
 def test_an_item_longer_than_the_budget_is_refused_with_the_fix():
     """The error names the budget, the longest item and what to change."""
     with pytest.raises(ValueError, match="smaller than the longest item.*raise the batch budget"):
