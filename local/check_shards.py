@@ -17,6 +17,8 @@ import os
 import sys
 import tarfile
 
+import pyarrow.compute
+
 sys.path.insert(0, os.path.join(os.path.dirname(os.path.abspath(__file__)), ".."))
 from common.audio import SAMPLE_RATE, decode_opus  # noqa: E402
 from common.parallel import process_pool  # noqa: E402
@@ -152,7 +154,16 @@ def main(argv=None):
     if problems:
         logger.error("%d problem(s) in %s", len(problems), args.shard_dir)
         sys.exit(1)
-    logger.info("%s is consistent", args.shard_dir)
+    logger.info("%s is consistent: %s", args.shard_dir, audio_summary(args.shard_dir))
+
+
+def audio_summary(shard_dir):
+    """Samples, hours and Opus bytes per second of audio, from the pool parquet."""
+    table = read_metadata(os.path.join(shard_dir, POOL_PARQUET))
+    seconds = pyarrow.compute.sum(table.column("duration")).as_py() or 0.0
+    opus_bytes = pyarrow.compute.sum(table.column("opus_size")).as_py() or 0
+    rate = opus_bytes / 1000 / seconds if seconds else 0.0
+    return f"{table.num_rows} samples, {seconds / 3600:.2f} h, Opus {rate:.1f} kB per second of audio"
 
 
 if __name__ == "__main__":

@@ -5,9 +5,9 @@ that cost never exceeds the budget. Lengths come from the metadata parquet, so b
 before any audio is read; the planned batches are then filled from the shard stream.
 
 How: the stream arrives in random length order and at most ``buffer_size`` utterances may be held
-(read and not yet batched) at once. Each round the buffer is refilled and sorted by length; every run of consecutive
-sorted items that fills a batch is a candidate, and only the best ``emit_fraction`` of them (disjoint)
-are emitted. The rest wait for partners of similar length.
+(read and not yet batched) at once. Each round the buffer is refilled and sorted by length; every run
+of consecutive sorted items that fills a batch is a candidate, and only the best ``emit_fraction`` of
+them (disjoint) are emitted. The rest wait for partners of similar length.
 
 "Best" weighs a candidate's padding per item against how long partners of its length take to arrive.
 The stream's length density ``f`` is known from the metadata. Holding items of length ``L`` until a
@@ -199,18 +199,21 @@ def buffered_batches(
             batches.append(held[start:end])
             emitted[start:end] = True
         held = held[~emitted]
-    held = held[np.argsort(-lengths[held], kind="stable")]  # stream ended: cut what is left greedily
-    starts, ends, _ = cut_sorted(lengths[held], budget, max_batch_size)
-    return batches + [held[starts[j] : ends[j]] for j in rng.permutation(len(starts))]
+    return batches + sorted_cut(held, lengths, budget, max_batch_size, rng)  # stream ended: what is left
 
 
 def whole_stream_batches(lengths, budget, max_batch_size, rng):
     """A stream the buffer holds whole (a small corpus): sorted at once and cut from a random offset
     (batch composition varies across epochs), the batches in random order."""
-    order = np.argsort(-lengths, kind="stable")
-    offset = int(rng.integers(0, batch_sizes_for_heads(lengths[order[:1]], budget, max_batch_size)[0]))
-    starts, ends, _ = cut_sorted(lengths[order], budget, max_batch_size, offset)
-    return [order[starts[j] : ends[j]] for j in rng.permutation(len(starts))]
+    offset = int(rng.integers(0, batch_sizes_for_heads(lengths.max(keepdims=True), budget, max_batch_size)[0]))
+    return sorted_cut(np.arange(len(lengths)), lengths, budget, max_batch_size, rng, offset)
+
+
+def sorted_cut(items, lengths, budget, max_batch_size, rng, offset=0):
+    """``items`` sorted by length, cut greedily from the longest (after ``offset``), in random order."""
+    items = items[np.argsort(-lengths[items], kind="stable")]
+    starts, ends, _ = cut_sorted(lengths[items], budget, max_batch_size, offset)
+    return [items[starts[j] : ends[j]] for j in rng.permutation(len(starts))]
 
 
 def best_windows(lengths_desc, allowance, budget, max_batch_size, count, rng):

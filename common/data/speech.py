@@ -3,8 +3,8 @@
 The main process plans the epoch from metadata (``planning.plan_epoch``); each dataloader worker owns
 whole shards, streams them front to back, keeps the Opus bytes of the utterances of its remaining
 planned batches, decodes each when its batch is made, and yields ready collated batches
-(``batch_size=None``: one pickled batch per step between processes, not one tensor per utterance). Torch's DataLoader takes batches from its workers round-robin and every
-worker yields the same number of batches, so the order inside a rank is fixed by the plan.
+(``batch_size=None``: one pickled batch per step between processes, not one tensor per utterance).
+Torch's DataLoader takes batches from its workers round-robin and every worker yields the same number of batches, so the order inside a rank is fixed by the plan.
 """
 
 import logging
@@ -86,11 +86,11 @@ class ShardStreamDataset(IterableDataset):
 class WaveformStream:
     """Waveforms of wanted rows, read lazily in stream order as batches ask for them.
 
-    The reader keeps each wanted member's Opus bytes (about 4.5 kB per second of audio in the demo's
-    shards, a fourteenth of the decoded float32 waveform's 64 kB) and ``get`` decodes it when its
-    batch is made: the planned buffer of held utterances costs little memory (1024 LibriSpeech-like
-    utterances: ~60 MB, not ~900 MB per worker), and each waveform goes from decoding to features
-    while it is in cache.
+    The reader keeps each wanted member's Opus bytes (3.9 kB per second of audio in the demo's shards,
+    ``local/check_shards.py``: a sixteenth of the decoded float32 waveform's 64 kB) and ``get``
+    decodes it when its batch is made: the planned buffer of held utterances costs little memory
+    (1024 LibriSpeech-like utterances: ~55 MB, not ~900 MB per worker), and each waveform goes from
+    decoding to features while it is in cache.
     ``has(row)`` reads on until the reader is past ``row``; bytes are released by ``get``. With
     ``cache`` (a dict kept by the caller), every waveform handed over is kept and its row not read again.
     """

@@ -177,8 +177,8 @@ def speech_loader(hparams, parquet, training, rank=0, world_size=1):
         loader = make_speech_loader(parquet, max_batch_seconds=hparams["max_batch_seconds"],
                                     max_batch_size=hparams["max_batch_size"], num_workers=hparams["num_workers"],
                                     buffer_size=hparams["batch_buffer"], rank=rank, world_size=world_size,
-                                    filters=hparams["filters"],
-                                    speed_perturb=hparams["speed_perturb"], cache_audio=hparams["cache_audio"],
+                                    filters=hparams["filters"], speed_perturb=hparams["speed_perturb"],
+                                    cache_audio=hparams["cache_audio"],
                                     features=loader_features(hparams), **common)
     else:
         loader = make_speech_loader(parquet, max_batch_seconds=hparams["eval_max_batch_seconds"],
