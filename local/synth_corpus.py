@@ -1,19 +1,26 @@
 #!/usr/bin/env python3
-"""Synthesize Tandem's built-in demo corpus with espeak-ng: 16 kHz wav files + JSONL manifests.
+"""Synthesize Tandem's built-in corpora: audio files + JSONL manifests, in two profiles.
 
-Sentences come from a small English grammar (about 150 words, so a tiny model can learn the words in
-minutes on a CPU) or from a text file given with --sentences. Each utterance is spoken by one of several
-espeak-ng voices at a random speed and pitch, with a little background noise. The splits hold disjoint
-sentences; the test split is spoken by a voice never heard in training.
+``--profile demo`` (default): sentences of a small English grammar (about 150 words, so a tiny model
+can learn the words in minutes on a CPU) or of a text file given with --sentences, spoken by seven
+espeak-ng voices at a random speed and pitch with a little white noise, as 16 kHz wav. The test split
+is spoken by a voice never heard in training.
 
     python local/synth_corpus.py data/demo/corpus --num-train 1000 --num-dev 100 --num-test 100
 
-writes data/demo/corpus/{train,dev,test}.jsonl with lines
-{"id": ..., "audio": "wav/train/....wav", "text": ..., "speaker": ..., "duration": ..., "lang": "en",
-"translation": ...} (audio paths are relative to the manifest's folder). The translation is the text in
-Pig Latin, a deterministic word-by-word "language" that gives the speech-translation recipe a target
-it can learn and BLEU can score. Deterministic from --seed; rerunning reuses the
-wav files already written.
+``--profile open``: an open-vocabulary corpus (``local/open_corpus.py``): King James Bible sentences
+(12,000 distinct words) spoken by 23 training voices of espeak-ng, flite and festival, with noise,
+rooms, silences, levels, sample rates of 8-48 kHz, wav / flac / mp3 / ogg and some stereo files;
+splits train (about 2 h), dev, test_seen (training voices) and test_unseen (6 voices never heard).
+
+    python local/synth_corpus.py data/open/corpus --profile open
+
+Each writes OUT/{split}.jsonl with lines {"id": ..., "audio": "wav/train/....wav", "text": ...,
+"speaker": ..., "duration": ..., "lang": "en", "translation": ...} (audio paths are relative to the
+manifest's folder; the open profile adds each utterance's recording conditions). The translation is
+the text in Pig Latin, a deterministic word-by-word "language" that gives the speech-translation
+recipe a target it can learn and BLEU can score. Deterministic from --seed; files are written under a
+temporary name and renamed when complete, so a rerun (after a kill too) reuses the finished ones.
 """
 
 import argparse
@@ -31,11 +38,14 @@ sys.path.insert(0, os.path.join(os.path.dirname(os.path.abspath(__file__)), ".."
 from common.audio import SAMPLE_RATE, to_mono_rate  # noqa: E402
 from common.atomic import atomic_write_text  # noqa: E402
 from common.parallel import process_pool  # noqa: E402
+from local import acoustics, open_corpus  # noqa: E402
+from local.voices import check_engines  # noqa: E402
 
 logger = logging.getLogger("synth_corpus")
 
 TRAIN_VOICES = ["en-us+m1", "en-us+f1", "en+m3", "en-gb-x-rp+f3", "en-us+m4", "en+f4", "en-us+m7"]
 HELD_OUT_VOICE = "en+f2"  # only the test split uses it: a speaker the model never heard
+DEMO_COUNTS = {"train": 1000, "dev": 100, "test": 100}
 
 WORDS = {
     "det": "the a this that every one my your".split(),
@@ -65,17 +75,40 @@ TEMPLATES = [
 def parse_args(argv=None):
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0],
                                      formatter_class=argparse.ArgumentDefaultsHelpFormatter)
-    parser.add_argument("out_dir", help="folder for the manifests and wav/ (created)")
-    parser.add_argument("--num-train", type=int, default=1000, help="training utterances")
-    parser.add_argument("--num-dev", type=int, default=100, help="development utterances")
-    parser.add_argument("--num-test", type=int, default=100, help="test utterances (held-out voice)")
+    parser.add_argument("out_dir", help="folder for the manifests and the audio (created)")
+    parser.add_argument("--profile", choices=("demo", "open"), default="demo",
+                        help="demo: the 150-word grammar; open: open-vocabulary, many voices and "
+                        "recording conditions (--num-* default to 1500 / 150 / 150 / 150 there)")
+    parser.add_argument("--num-train", type=int, help="training utterances (demo: 1000)")
+    parser.add_argument("--num-dev", type=int, help="development utterances (demo: 100)")
+    parser.add_argument("--num-test", type=int, help="test utterances: the demo's held-out voice, "
+                        "the open profile's training voices (demo: 100)")
+    parser.add_argument("--num-test-unseen", type=int,
+                        help="open profile: test utterances of voices never heard in training")
     parser.add_argument("--sentences", help="a UTF-8 text file, one sentence a line, instead of the "
                         "built-in grammar (needs at least as many distinct lines as utterances)")
     parser.add_argument("--seed", type=int, default=1234, help="random seed: same seed, same corpus")
     parser.add_argument("--jobs", type=int, default=os.cpu_count(), help="parallel espeak-ng processes")
     parser.add_argument("--noise-snr-db", type=float, nargs=2, default=[25.0, 45.0],
-                        metavar=("LOW", "HIGH"), help="range of the white-noise signal-to-noise ratio")
-    return parser.parse_args(argv)
+                        metavar=("LOW", "HIGH"), help="demo: range of the white-noise signal-to-noise ratio")
+    args = parser.parse_args(argv)
+    defaults = open_corpus.DEFAULT_COUNTS if args.profile == "open" else DEMO_COUNTS
+    for split, option in zip(defaults, ("num_train", "num_dev", "num_test", "num_test_unseen")):
+        if getattr(args, option) is None:
+            setattr(args, option, defaults[split])
+    if args.profile == "demo" and args.num_test_unseen is not None:
+        parser.error("--num-test-unseen is for --profile open (the demo has one test split)")
+    if args.profile == "open" and args.sentences:
+        parser.error("--sentences is for --profile demo (the open profile reads the King James Bible)")
+    return args
+
+
+def split_counts(args):
+    """{split: utterances} of the chosen profile."""
+    if args.profile == "open":
+        return dict(zip(open_corpus.SPLITS, (args.num_train, args.num_dev, args.num_test,
+                                             args.num_test_unseen)))
+    return {"train": args.num_train, "dev": args.num_dev, "test": args.num_test}
 
 
 def generate_sentences(count, rng):
@@ -114,8 +147,10 @@ def pig_latin(text):
 
 def plan_utterances(args):
     """Every utterance to synthesize as a dict: id, split, text, voice, speed (wpm), pitch, snr_db, seed."""
+    counts = split_counts(args)
+    if args.profile == "open":
+        return open_corpus.plan_utterances(counts, args.seed)
     rng = np.random.default_rng(args.seed)
-    counts = {"train": args.num_train, "dev": args.num_dev, "test": args.num_test}
     total = sum(counts.values())
     sentences = (read_sentences(args.sentences, total, rng) if args.sentences
                  else generate_sentences(total, rng))
@@ -169,24 +204,59 @@ def _synthesize_job(job):
     return synthesize(utterance, wav_path)
 
 
+def _render_open_job(job):
+    """Render one open-profile utterance to its file (skipped when an earlier run wrote it)."""
+    utterance, path = job
+    if not os.path.isfile(path):
+        audio, rate = open_corpus.render(utterance)
+        temporary = f"{path}.tmp.{utterance['format']}"
+        acoustics.write_audio(temporary, audio, rate, utterance["format"])
+        os.replace(temporary, path)
+    return sf.info(path).duration
+
+
+def manifest_record(utterance, audio, duration):
+    """One manifest line: the demo's fields, and the open profile's recording conditions."""
+    record = {"id": utterance["id"], "audio": audio, "text": utterance["text"],
+              "speaker": utterance["voice"], "duration": round(duration, 4), "lang": "en",
+              "translation": pig_latin(utterance["text"])}
+    if "spoken" in utterance:
+        record.update({key: utterance[key] for key in open_corpus.CONDITION_FIELDS})
+    return record
+
+
 def main(argv=None):
     logging.basicConfig(level=logging.INFO, format="%(asctime)s %(name)s: %(message)s")
     args = parse_args(argv)
     plan = plan_utterances(args)
-    for split in ("train", "dev", "test"):
-        os.makedirs(os.path.join(args.out_dir, "wav", split), exist_ok=True)
-    jobs = [(u, os.path.join(args.out_dir, "wav", u["split"], u["id"] + ".wav")) for u in plan]
+    check_engines({f"espeak:{u['voice']}" if args.profile == "demo" else u["voice"] for u in plan})
+    if args.profile == "open":
+        audio = [open_corpus.audio_path(u) for u in plan]
+        job = _render_open_job
+    else:
+        audio = [f"wav/{u['split']}/{u['id']}.wav" for u in plan]
+        job = _synthesize_job
+    for folder in {os.path.dirname(path) for path in audio}:
+        os.makedirs(os.path.join(args.out_dir, folder), exist_ok=True)
+    remove_temporaries(args.out_dir, {os.path.dirname(path) for path in audio})
+    jobs = [(u, os.path.join(args.out_dir, path)) for u, path in zip(plan, audio)]
     with process_pool(args.jobs) as pool:
-        durations = pool.map(_synthesize_job, jobs, chunksize=16)
-    for split in ("train", "dev", "test"):
-        lines = [json.dumps({"id": u["id"], "audio": f"wav/{split}/{u['id']}.wav", "text": u["text"],
-                             "speaker": u["voice"], "duration": round(d, 4), "lang": "en",
-                             "translation": pig_latin(u["text"])})
-                 for u, d in zip(plan, durations) if u["split"] == split]
-        atomic_write_text(os.path.join(args.out_dir, f"{split}.jsonl"), "".join(l + "\n" for l in lines))
-        hours = sum(d for u, d in zip(plan, durations) if u["split"] == split) / 3600
-        logger.info("%s: %d utterances, %.2f h -> %s", split, len(lines), hours,
-                    os.path.join(args.out_dir, f"{split}.jsonl"))
+        durations = pool.map(job, jobs, chunksize=4 if args.profile == "open" else 16)
+    for split in split_counts(args):
+        records = [manifest_record(u, path, d) for u, path, d in zip(plan, audio, durations)
+                   if u["split"] == split]
+        manifest = os.path.join(args.out_dir, f"{split}.jsonl")
+        atomic_write_text(manifest, "".join(json.dumps(r) + "\n" for r in records))
+        logger.info("%s: %d utterances, %.2f h -> %s", split, len(records),
+                    sum(r["duration"] for r in records) / 3600, manifest)
+
+
+def remove_temporaries(out_dir, folders):
+    """Files a killed run left half-written (``*.tmp*``), so they cannot pile up."""
+    for folder in folders:
+        for name in os.listdir(os.path.join(out_dir, folder)):
+            if ".tmp" in name:
+                os.remove(os.path.join(out_dir, folder, name))
 
 
 if __name__ == "__main__":
