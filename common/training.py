@@ -11,15 +11,22 @@ import torch
 logger = logging.getLogger(__name__)
 
 
+def before_update(brain):
+    """Step the learning-rate schedule so that the coming update uses its rate: update n is made at
+    the schedule's value for step n (stepping after the update would make update 1 at the
+    optimizer's initial rate, the schedule's peak). Call it from ``Brain.on_fit_batch_start`` when
+    ``should_step``; ``brain.hparams`` needs ``lr_scheduler``."""
+    brain.hparams.lr_scheduler(brain.optimizer)
+
+
 def after_update(brain, loss, figures):
-    """Step the learning-rate schedule; every ``log_interval_steps`` updates write the loss, the
-    ``figures()`` dict (per-term or per-task averages) and the learning rate to TensorBoard.
+    """Every ``log_interval_steps`` updates write the loss, the ``figures()`` dict (per-term or
+    per-task averages) and the learning rate to TensorBoard.
 
     Call it from ``Brain.on_fit_batch_end`` when ``should_step``; ``brain.hparams`` needs
-    ``lr_scheduler``, ``log_interval_steps`` and ``tensorboard_logger``.
+    ``log_interval_steps`` and ``tensorboard_logger``.
     """
     hparams = brain.hparams
-    hparams.lr_scheduler(brain.optimizer)
     if brain.optimizer_step % hparams.log_interval_steps or not sb.utils.distributed.if_main_process():
         return
     writer = hparams.tensorboard_logger.writer
@@ -58,7 +65,7 @@ def record_batch(brain, batch, loss):
 
     An audit trail of what each rank trained on, in order (a rerun after a kill appends the batches
     it redoes: the last line of each (epoch, batch) is the one that counts). Call it from
-    ``on_fit_batch_end`` before the scheduler steps.
+    ``on_fit_batch_end``.
     """
     if not brain.hparams.batch_log:
         return

@@ -28,7 +28,7 @@ from common.metrics import TranscriptMetrics  # noqa: E402
 from common.models.transfer import check_same_tokenizer, load_pretrained  # noqa: E402
 from common.objectives import joint_ctc_attention_loss  # noqa: E402
 from common.recipe import prepare_experiment  # noqa: E402
-from common.training import (after_update, data_wait_share, log_effective_batch, rank_and_world_size,  # noqa: E402
+from common.training import (after_update, before_update, data_wait_share, log_effective_batch, rank_and_world_size,  # noqa: E402
                              record_batch, start_stage_clock)
 
 logger = logging.getLogger(__name__)
@@ -75,8 +75,13 @@ class ASR(sb.Brain):
             hyps = ids_to_text(self.tokenizer.processor, beam_search(self.searcher, out.enc_states, wav_lens))
             self.metrics["beam"].append(batch.id, hyps, batch.text)
 
+    def on_fit_batch_start(self, batch, should_step):
+        """The learning rate of the coming update."""
+        if should_step:
+            before_update(self)
+
     def on_fit_batch_end(self, batch, outputs, loss, should_step):
-        """Batch log line; Noam step after each update; per-term losses to TensorBoard every
+        """Batch log line; per-term losses to TensorBoard every
         log_interval_steps."""
         record_batch(self, batch, loss)
         if should_step:

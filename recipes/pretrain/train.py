@@ -37,7 +37,7 @@ from common.masking import mask_spans  # noqa: E402
 from common.objectives import masked_unit_loss, sequence_loss  # noqa: E402
 from common.recipe import prepare_experiment  # noqa: E402
 from common.text_noising import TextNoiser, noise_batch, ordinary_piece_ids  # noqa: E402
-from common.training import (after_update, data_wait_share, log_effective_batch, rank_and_world_size,  # noqa: E402
+from common.training import (after_update, before_update, data_wait_share, log_effective_batch, rank_and_world_size,  # noqa: E402
                              record_batch, start_stage_clock)
 
 logger = logging.getLogger(__name__)
@@ -105,8 +105,13 @@ class JointPretraining(sb.Brain):
         start_stage_clock(self)
         self.task_sums, self.task_batches = defaultdict(float), defaultdict(int)
 
+    def on_fit_batch_start(self, batch, should_step):
+        """The learning rate of the coming update."""
+        if should_step:
+            before_update(self)
+
     def on_fit_batch_end(self, batch, outputs, loss, should_step):
-        """Batch log line; Noam step after each update; per-task figures to TensorBoard every
+        """Batch log line; per-task figures to TensorBoard every
         log_interval_steps."""
         record_batch(self, batch, loss)
         if should_step:
