@@ -218,6 +218,7 @@ class TimedASR(train.ASR):
         self.step_ends, self.records, self.fit_began = [], [], time.perf_counter()
 
     def on_fit_batch_start(self, batch, should_step):
+        super().on_fit_batch_start(batch, should_step)
         loader = self.train_loader
         epoch_start = loader.position == 1  # ``wait_seconds`` restarts with each epoch's ``for`` loop
         waited_before = 0.0 if epoch_start else self.waited

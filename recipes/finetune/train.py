@@ -17,7 +17,6 @@ import sys
 sys.path.insert(0, os.path.join(os.path.dirname(os.path.abspath(__file__)), "..", ".."))
 
 import logging  # noqa: E402
-from collections import defaultdict  # noqa: E402
 
 import speechbrain as sb  # noqa: E402
 
@@ -28,22 +27,28 @@ from common.metrics import TranscriptMetrics  # noqa: E402
 from common.models.transfer import check_same_tokenizer, load_pretrained  # noqa: E402
 from common.objectives import joint_ctc_attention_loss  # noqa: E402
 from common.recipe import prepare_experiment  # noqa: E402
-from common.training import (after_update, before_update, data_wait_share, log_effective_batch, rank_and_world_size,  # noqa: E402
-                             record_batch, start_stage_clock)
+from common.brain import RecipeBrain, rank_and_world_size  # noqa: E402
 
 logger = logging.getLogger(__name__)
 
-LOSS_TERMS = ("ctc_loss", "nll_loss", "accuracy")
-
-
-class ASR(sb.Brain):
+class ASR(RecipeBrain):
     """Joint CTC/attention training; decoding and scoring in the evaluation stages.
 
     Set ``tokenizer`` (``common.data.Tokenizer``), ``prefix_ids`` (target prefix token ids) and,
     for training, ``train_loader`` before ``fit``; ``split`` names the split ``evaluate`` scores.
     """
 
-    tokenizer, prefix_ids, train_loader, split = None, (), None, "test"
+    tokenizer, prefix_ids, split = None, (), "test"
+
+    @property
+    def checkpoint_key(self):
+        """The validation figure that ranks checkpoints (``best_checkpoint_key``); None for the last."""
+        key = self.hparams.best_checkpoint_key
+        return None if key == "last" else key
+
+    @property
+    def higher_is_better(self):
+        return self.hparams.best_checkpoint_key == "BLEU"
 
     def compute_forward(self, batch, stage):
         """Teacher-forced pass of both heads; returns (``EncoderDecoderOutput``, wav lengths)."""
@@ -59,9 +64,7 @@ class ASR(sb.Brain):
             out.ctc_log_probs, out.seq_log_probs, wav_lens, *batch.tokens, *batch.tokens_eos,
             dec_weight=self.hparams.dec_weight, label_smoothing=self.hparams.label_smoothing,
             ignore_prefix_tokens=len(self.prefix_ids))
-        for term in LOSS_TERMS:
-            self.term_sums[term] += float(losses[term])
-        self.term_count += 1
+        self.add_figures({term: losses[term] for term in ("ctc_loss", "nll_loss", "accuracy")})
         if stage != sb.Stage.TRAIN:
             self.score(out, wav_lens, batch, stage)
         return losses["loss"]
@@ -70,70 +73,33 @@ class ASR(sb.Brain):
         """Decode the batch with the stage's search and CTC greedy; add both to the metrics."""
         greedy = ids_to_text(self.tokenizer.processor, ctc_greedy(out.ctc_log_probs, wav_lens))
         self.metrics["ctc_greedy"].append(batch.id, greedy, batch.text)
-        search = self.hparams.valid_search if stage == sb.Stage.VALID else self.hparams.test_search
-        if search == "beam":
+        if self.search(stage) == "beam":
             hyps = ids_to_text(self.tokenizer.processor, beam_search(self.searcher, out.enc_states, wav_lens))
             self.metrics["beam"].append(batch.id, hyps, batch.text)
 
-    def on_fit_batch_start(self, batch, should_step):
-        """The learning rate of the coming update."""
-        if should_step:
-            before_update(self)
+    def search(self, stage):
+        """The stage's configured search: ``ctc_greedy`` or ``beam``."""
+        return self.hparams.valid_search if stage == sb.Stage.VALID else self.hparams.test_search
 
-    def on_fit_batch_end(self, batch, outputs, loss, should_step):
-        """Batch log line; per-term losses to TensorBoard every
-        log_interval_steps."""
-        record_batch(self, batch, loss)
-        if should_step:
-            after_update(self, loss, self.term_averages)
+    def batch_budgets(self):
+        return {"speech": (self.hparams.max_batch_seconds, "padded seconds")}
 
     def on_stage_start(self, stage, epoch=None):
-        """Start the loader's epoch (resume-aware); fresh term sums and metrics."""
-        if stage == sb.Stage.TRAIN and self.train_loader is not None:
-            self.train_loader.set_epoch(epoch)
-        start_stage_clock(self)
-        self.term_sums, self.term_count = defaultdict(float), 0
+        """Fresh metrics for each stage (the base class starts the loader's epoch)."""
+        super().on_stage_start(stage, epoch)
         bleu = self.hparams.compute_bleu
         self.metrics = {"ctc_greedy": TranscriptMetrics(bleu=bleu), "beam": TranscriptMetrics(bleu=bleu)}
 
-    def term_averages(self):
-        """Stage averages of the per-term losses and the token accuracy."""
-        return {term: total / max(self.term_count, 1) for term, total in self.term_sums.items()}
+    def evaluation_figures(self, stage):
+        """WER / CER (and BLEU) of the stage's search, upper-case as the checkpoints rank them."""
+        return {key.upper(): value for key, value in self.metrics[self.search(stage)].summary().items()}
 
-    def on_stage_end(self, stage, stage_loss, epoch=None):
-        """Log the epoch's figures; checkpoint after validation; write results after a test split."""
-        stats = {"loss": stage_loss, **self.term_averages()}
-        if stage == sb.Stage.TRAIN:
-            self.train_stats = {**stats, "data_wait": round(data_wait_share(self), 4)}
-            return
-        primary = self.primary_metrics(stage)
-        stats.update({key.upper(): value for key, value in primary.summary().items()})
-        if stage == sb.Stage.VALID:
-            self.end_validation(epoch, stats)
-        else:
-            self.end_test(primary)
-
-    def primary_metrics(self, stage):
-        """The metrics of the stage's configured search."""
-        search = self.hparams.valid_search if stage == sb.Stage.VALID else self.hparams.test_search
-        return self.metrics[search]
-
-    def end_validation(self, epoch, stats):
-        """Log train + valid figures and keep the best checkpoints by ``best_checkpoint_key``."""
-        meta = {"epoch": epoch, "lr": self.optimizer.param_groups[0]["lr"], "steps": self.optimizer_step}
-        for logger_name in ("train_logger", "tensorboard_logger"):
-            getattr(self.hparams, logger_name).log_stats(meta, train_stats=self.train_stats, valid_stats=stats)
-        key = self.hparams.best_checkpoint_key
-        self.checkpointer.save_and_keep_only(
-            meta={key: stats[key], "epoch": epoch}, num_to_keep=self.hparams.keep_checkpoints,
-            **{f"{name}s": [value] for name, value in ranking(key).items()})
-
-    def end_test(self, primary):
+    def end_test(self, stats):
         """Alignment files, results.json / results.txt and the test line of the train log (the main
         process writes them; under torchrun every rank scores the whole split)."""
         if not sb.utils.distributed.if_main_process():
             return
-        folder = self.hparams.output_folder
+        folder, primary = self.hparams.output_folder, self.metrics[self.hparams.test_search]
         primary.write(folder, self.split)
         self.metrics["ctc_greedy"].write(folder, f"{self.split}_ctc_greedy")
         line = record_results(
@@ -145,7 +111,6 @@ class ASR(sb.Brain):
 
     def on_fit_start(self):
         super().on_fit_start()
-        log_effective_batch(self, {"speech": (self.hparams.max_batch_seconds, "padded seconds")})
         self.build_searcher()
 
     def on_evaluate_start(self, max_key=None, min_key=None):
@@ -154,8 +119,15 @@ class ASR(sb.Brain):
         self.averaged = average_best_checkpoints(
             self.checkpointer, self.modules.model, self.hparams.average_checkpoints,
             save_path=os.path.join(self.hparams.output_folder, "averaged.ckpt"),
-            normalize=self.hparams.graph["normalize"], **ranking(self.hparams.best_checkpoint_key))
+            normalize=self.hparams.graph["normalize"], **self.ranking())
         self.build_searcher()
+
+    def ranking(self):
+        """``min_key`` / ``max_key`` of the checkpoint figure, for ``evaluate`` and averaging
+        (nothing: the most recent checkpoints)."""
+        if self.checkpoint_key is None:
+            return {}
+        return {("max_key" if self.higher_is_better else "min_key"): self.checkpoint_key}
 
     def build_searcher(self):
         """The joint CTC/attention beam searcher over the model, configured from the yaml."""
@@ -166,11 +138,11 @@ class ASR(sb.Brain):
             max_decode_ratio=self.hparams.max_decode_ratio, prefix_tokens=self.prefix_ids)
 
 
-def ranking(key):
-    """Checkpointer keyword for ``key``: BLEU is better higher, error rates lower."""
-    if key not in ("WER", "CER", "BLEU"):
-        raise ValueError(f"best_checkpoint_key={key!r}: use WER, CER or BLEU (with compute_bleu: True)")
-    return {"max_key": key} if key == "BLEU" else {"min_key": key}
+def check_checkpoint_key(key):
+    """Raises ValueError for a ``best_checkpoint_key`` the recipe cannot rank by."""
+    if key not in ("WER", "CER", "BLEU", "last"):
+        raise ValueError(f"best_checkpoint_key={key!r}: use WER or CER (lower is better), BLEU (with "
+                         "compute_bleu: True) or last (the most recent epochs)")
 
 
 def speech_loader(hparams, parquet, training, rank=0, world_size=1):
@@ -225,6 +197,7 @@ def build_brain(argv, brain_class=ASR):
 
 def main(argv):
     brain, hparams = build_brain(argv)
+    check_checkpoint_key(hparams["best_checkpoint_key"])
     if hparams["do_train"] and hparams["pretrained"]:
         init_from_pretrained(hparams)
     if hparams["do_train"]:
@@ -235,7 +208,7 @@ def main(argv):
     if hparams["do_test"]:
         for parquet in hparams["test_parquets"]:
             brain.split = split_name(parquet)
-            brain.evaluate(speech_loader(hparams, parquet, False), **ranking(hparams["best_checkpoint_key"]))
+            brain.evaluate(speech_loader(hparams, parquet, False), **brain.ranking())
 
 
 if __name__ == "__main__":

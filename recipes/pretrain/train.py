@@ -37,8 +37,7 @@ from common.masking import mask_spans  # noqa: E402
 from common.objectives import masked_unit_loss, sequence_loss  # noqa: E402
 from common.recipe import prepare_experiment  # noqa: E402
 from common.text_noising import TextNoiser, noise_batch, ordinary_piece_ids  # noqa: E402
-from common.training import (after_update, before_update, data_wait_share, log_effective_batch, rank_and_world_size,  # noqa: E402
-                             record_batch, start_stage_clock)
+from common.brain import RecipeBrain, rank_and_world_size  # noqa: E402
 
 logger = logging.getLogger(__name__)
 
@@ -47,14 +46,14 @@ LOGGED = {SPEECH: ("masked_loss", "masked_accuracy", "unmasked_accuracy"), TEXT:
           PAIRED: ("loss", "accuracy")}
 
 
-class JointPretraining(sb.Brain):
+class JointPretraining(RecipeBrain):
     """One task per batch (``batch.stream``; evaluation batches are speech).
 
     Set ``units`` (``UnitTable`` of every speech split), ``noiser`` (``TextNoiser``), for training
     ``train_loader`` and, when validating, ``valid_loader`` before ``fit``.
     """
 
-    units, noiser, train_loader, valid_loader = None, None, None, None
+    units, noiser, valid_loader = None, None, None
 
     def rng(self, stage):
         """Masking / noising randomness of this step: a function of (seed, epoch, step, stage)."""
@@ -86,57 +85,26 @@ class JointPretraining(sb.Brain):
                                       self.hparams.unmasked_weight)
         else:
             losses = sequence_loss(out, *batch.tokens_eos, label_smoothing=self.hparams.label_smoothing)
-        for term in LOGGED[task]:
-            self.task_sums[f"{task}_{term}"] += float(losses[term].detach() if term == "loss" else losses[term])
+        self.add_figures({f"{task}_{term}": losses[term] for term in LOGGED[task]})
         self.task_batches[task] += 1
         return self.hparams.task_loss_weights[task] * losses["loss"]
 
-    def task_averages(self):
-        """Stage averages of each task's figures, and its share of the batches."""
+    def stage_figures(self):
+        """Stage averages of each task's figures (over its batches), and its share of the batches."""
         total = max(sum(self.task_batches.values()), 1)
-        averages = {name: value / self.task_batches[name.split("_")[0]] for name, value in self.task_sums.items()}
-        averages.update({f"{task}_share": count / total for task, count in self.task_batches.items()})
-        return averages
+        return {**super().stage_figures(),
+                **{f"{task}_share": count / total for task, count in self.task_batches.items()}}
 
     def on_stage_start(self, stage, epoch=None):
-        """Start the loader's epoch (resume-aware); fresh per-task sums."""
-        if stage == sb.Stage.TRAIN and self.train_loader is not None:
-            self.train_loader.set_epoch(epoch)
-        start_stage_clock(self)
-        self.task_sums, self.task_batches = defaultdict(float), defaultdict(int)
+        """Fresh task counts (the base class starts the loader's epoch and the figure sums)."""
+        super().on_stage_start(stage, epoch)
+        self.task_batches = defaultdict(int)
 
-    def on_fit_batch_start(self, batch, should_step):
-        """The learning rate of the coming update."""
-        if should_step:
-            before_update(self)
-
-    def on_fit_batch_end(self, batch, outputs, loss, should_step):
-        """Batch log line; per-task figures to TensorBoard every
-        log_interval_steps."""
-        record_batch(self, batch, loss)
-        if should_step:
-            after_update(self, loss, self.task_averages)
-
-    def on_fit_start(self):
-        super().on_fit_start()
+    def batch_budgets(self):
         budgets = {SPEECH: (self.hparams.max_batch_seconds, "padded seconds")}
         if {TEXT, PAIRED} & self.train_loader.streams.keys():
             budgets["text"] = (self.hparams.max_batch_tokens, "padded tokens")
-        log_effective_batch(self, budgets)
-
-    def on_stage_end(self, stage, stage_loss, epoch=None):
-        """Log the epoch's per-task figures; checkpoint after validation (or training without one)."""
-        stats = {"loss": stage_loss, **self.task_averages()}
-        if stage == sb.Stage.TRAIN:
-            self.train_stats = {**stats, "data_wait": round(data_wait_share(self), 4)}
-            if self.valid_loader is not None:
-                return
-            stats = None
-        meta = {"epoch": epoch, "lr": self.optimizer.param_groups[0]["lr"], "steps": self.optimizer_step}
-        for logger_name in ("train_logger", "tensorboard_logger"):
-            getattr(self.hparams, logger_name).log_stats(meta, train_stats=self.train_stats, valid_stats=stats)
-        self.checkpointer.save_and_keep_only(meta={"epoch": epoch}, num_to_keep=self.hparams.keep_checkpoints)
-
+        return budgets
 
 
 def speech_loader(hparams, parquets, training, rank=0, world_size=1):

@@ -1,0 +1,199 @@
+"""The training lifecycle every recipe's Brain shares.
+
+``RecipeBrain`` owns what happens around a recipe's model logic: the training loader's epoch (so a
+resumed run continues at the next batch), the learning-rate step before each update, the batch log,
+the per-term averages of each stage, TensorBoard, the epoch's log line, ``history.json`` and
+``curves.png``, and the end-of-epoch checkpoint. A recipe's Brain overrides only:
+
+- ``compute_forward`` and ``compute_objectives`` (calling ``add_figures`` with what it reports);
+- ``batch_budgets()``: what one batch holds, per modality (logged as the effective batch);
+- optionally ``evaluation_figures(stage)`` (e.g. WER of the validation decode), ``end_test(stats)``,
+  ``checkpoint_key`` (the validation figure that ranks checkpoints) and ``higher_is_better``.
+
+Its ``hparams`` need ``lr_scheduler``, ``log_interval_steps``, ``tensorboard_logger``,
+``train_logger``, ``batch_log``, ``keep_checkpoints``, ``output_folder`` and ``epoch_counter``.
+
+    class ASR(RecipeBrain):
+        def compute_objectives(self, predictions, batch, stage):
+            losses = ...
+            self.add_figures({"ctc_loss": float(losses["ctc"]), "nll_loss": ...})
+            return losses["loss"]
+"""
+
+import json
+import logging
+import os
+import time
+from collections import defaultdict
+
+import speechbrain as sb
+import torch
+
+from common.curves import EpochHistory, plot_curves
+
+logger = logging.getLogger(__name__)
+
+HISTORY_NAME, CURVES_NAME = "history.json", "curves.png"
+
+
+def rank_and_world_size():
+    """(this process' rank, processes) in the DDP group; (0, 1) without torchrun."""
+    if torch.distributed.is_initialized():
+        return torch.distributed.get_rank(), torch.distributed.get_world_size()
+    return 0, 1
+
+
+def batch_log_path(output_folder, rank):
+    """Where the batch log of rank ``rank`` is written (``batch_log: True``)."""
+    return os.path.join(output_folder, "batches", f"rank{rank}.jsonl")
+
+
+class RecipeBrain(sb.Brain):
+    """A SpeechBrain ``Brain`` with the recipes' shared lifecycle (see the module docstring).
+
+    Set ``train_loader`` before ``fit``. ``checkpoint_key`` names the validation figure that ranks
+    end-of-epoch checkpoints (None: keep the most recent).
+    """
+
+    train_loader = None
+    checkpoint_key, higher_is_better = None, False
+
+    # ---- what a recipe reports ----
+
+    def add_figures(self, figures):
+        """Add one batch's figures (name -> float) to the stage's averages; a name a batch does not
+        report is averaged over the batches that do (per-task figures of a mixed loader)."""
+        for name, value in figures.items():
+            self.figure_sums[name] += float(value)
+            self.figure_counts[name] += 1
+
+    def stage_figures(self):
+        """The stage's average of each figure given to ``add_figures``."""
+        return {name: total / self.figure_counts[name] for name, total in self.figure_sums.items()}
+
+    def batch_budgets(self):
+        """``{modality: (amount, unit)}`` of one batch, e.g. ``{"speech": (60.0, "padded seconds")}``."""
+        return {}
+
+    def evaluation_figures(self, stage):
+        """Figures of a validation or test stage beyond the averaged ones (error rates)."""
+        return {}
+
+    def end_test(self, stats):
+        """What a test stage leaves behind (results files); nothing by default."""
+
+    # ---- lifecycle ----
+
+    def fit(self, epoch_counter, train_set, valid_set=None, *args, **kwargs):
+        self.validates = valid_set is not None
+        return super().fit(epoch_counter, train_set, valid_set, *args, **kwargs)
+
+    def on_fit_start(self):
+        super().on_fit_start()
+        ranks, accumulation = rank_and_world_size()[1], self.grad_accumulation_factor
+        for modality, (amount, unit) in self.batch_budgets().items():
+            logger.info("effective %s batch per update: %d ranks x %d accumulated x %g %s = %g %s", modality,
+                        ranks, accumulation, amount, unit, ranks * accumulation * amount, unit)
+
+    def on_stage_start(self, stage, epoch=None):
+        """Start the loader's epoch (resume-aware), the stage clock and fresh figure sums."""
+        if stage == sb.Stage.TRAIN and self.train_loader is not None:
+            self.train_loader.set_epoch(epoch)
+        self.stage_began = time.perf_counter()
+        self.figure_sums, self.figure_counts = defaultdict(float), defaultdict(int)
+
+    def on_fit_batch_start(self, batch, should_step):
+        """Step the learning-rate schedule so that the coming update uses its rate: update n is made
+        at the schedule's value for step n (stepping after the update would make update 1 at the
+        optimizer's initial rate, the schedule's peak)."""
+        if should_step:
+            self.hparams.lr_scheduler(self.optimizer)
+
+    def on_fit_batch_end(self, batch, outputs, loss, should_step):
+        """The batch log line; every ``log_interval_steps`` updates the figures to TensorBoard."""
+        self.record_batch(batch, loss)
+        if should_step and not self.optimizer_step % self.hparams.log_interval_steps:
+            self.log_step(loss)
+
+    def on_stage_end(self, stage, stage_loss, epoch=None):
+        """Training keeps its figures for the epoch's line; validation (or training, when there is
+        none) ends the epoch; a test stage goes to ``end_test``."""
+        stats = {"loss": stage_loss, **self.stage_figures()}
+        if stage == sb.Stage.TRAIN:
+            self.train_stats = {**stats, "data_wait": round(self.data_wait_share(), 4)}
+            if not getattr(self, "validates", False):
+                self.end_epoch(epoch, None)
+            return
+        stats.update(self.evaluation_figures(stage))
+        if stage == sb.Stage.VALID:
+            self.end_epoch(epoch, stats)
+        else:
+            self.end_test(stats)
+
+    def end_epoch(self, epoch, valid_stats):
+        """The epoch's log line (file and TensorBoard), history and curves, and its checkpoint."""
+        meta = {"epoch": epoch, "lr": self.optimizer.param_groups[0]["lr"], "steps": self.optimizer_step}
+        for logger_name in ("train_logger", "tensorboard_logger"):
+            getattr(self.hparams, logger_name).log_stats(meta, train_stats=self.train_stats,
+                                                         valid_stats=valid_stats)
+        if sb.utils.distributed.if_main_process():
+            self.draw_history(epoch, meta, valid_stats)
+        key = self.checkpoint_key
+        ranked = key is not None and valid_stats is not None
+        ranking = {("max_keys" if self.higher_is_better else "min_keys"): [key]} if ranked else {}
+        self.checkpointer.save_and_keep_only(meta={"epoch": epoch, **({key: valid_stats[key]} if ranked else {})},
+                                             num_to_keep=self.hparams.keep_checkpoints, **ranking)
+
+    def draw_history(self, epoch, meta, valid_stats):
+        """Add the epoch to ``history.json`` and redraw ``curves.png`` in the output folder."""
+        folder = self.hparams.output_folder
+        history = EpochHistory(os.path.join(folder, HISTORY_NAME))
+        history.add(epoch, lr=meta["lr"], steps=meta["steps"], train=_plain(self.train_stats),
+                    valid=_plain(valid_stats) if valid_stats else None)
+        try:
+            plot_curves(history.records, os.path.join(folder, CURVES_NAME))
+        except Exception as error:  # a broken plot must never stop training
+            logger.warning("could not draw %s: %s", CURVES_NAME, error)
+
+    # ---- helpers ----
+
+    def data_wait_share(self):
+        """Share of the training stage's wall time spent waiting for the loader's next batch: near 0
+        when the loader keeps up, large when the GPU (or CPU) starves."""
+        elapsed = time.perf_counter() - self.stage_began
+        return self.train_loader.wait_seconds / elapsed if elapsed > 0 and self.train_loader else 0.0
+
+    def log_step(self, loss):
+        """The loss, the stage's running figures and the learning rate to TensorBoard (main process)."""
+        if not sb.utils.distributed.if_main_process():
+            return
+        writer, step = self.hparams.tensorboard_logger.writer, self.optimizer_step
+        writer.add_scalar("train_step/loss", loss.item(), step)
+        for name, value in self.stage_figures().items():
+            writer.add_scalar(f"train_step/{name}", value, step)
+        writer.add_scalar("train_step/lr", self.optimizer.param_groups[0]["lr"], step)
+
+    def record_batch(self, batch, loss):
+        """With ``batch_log: True``, append one JSON line per training batch of this rank: epoch, index
+        in the epoch, update step, the learning rate it was trained with, its sample keys and loss.
+
+        An audit trail of what each rank trained on, in order (a rerun after a kill appends the
+        batches it redoes: the last line of each (epoch, batch) is the one that counts).
+        """
+        if not self.hparams.batch_log:
+            return
+        if getattr(self, "batch_log_file", None) is None:
+            path = batch_log_path(self.hparams.output_folder, rank_and_world_size()[0])
+            os.makedirs(os.path.dirname(path), exist_ok=True)
+            self.batch_log_file = open(path, "a", encoding="utf-8", buffering=1)  # a line per write
+        loader = self.train_loader
+        line = {"epoch": loader.epoch, "batch": loader.position - 1, "update": self.optimizer_step,
+                "lr": self.optimizer.param_groups[0]["lr"], "keys": list(getattr(batch, "id", [])),
+                "loss": float(loss.detach())}
+        self.batch_log_file.write(json.dumps(line) + "\n")
+
+
+def _plain(stats):
+    """Stats as JSON numbers (tensors and numpy scalars become floats)."""
+    return {name: float(value) for name, value in stats.items() if isinstance(value, (int, float)) or
+            hasattr(value, "item")}
