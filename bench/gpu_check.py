@@ -55,7 +55,8 @@ CONFIG = os.path.join("recipes", "finetune", "hparams", "conformer.yaml")
 # --device cpu checks the path, not the speed: a model that trains a step in seconds on a CPU.
 CPU_SMOKE_OVERRIDES = ["--precision=fp32", "--d_model=64", "--nhead=2", "--num_encoder_layers=2",
                        "--num_decoder_layers=1", "--d_ffn=128", "--max_batch_seconds=60.0",
-                       "--max_batch_size=8", "--num_workers=2", "--attention_type=regularMHA"]
+                       "--train_loader={max_batch_size: 8}", "--num_workers=2",
+                       "--attention_type=regularMHA"]
 CONSONANTS = "b d f g h k l m n p r s t v w z ch sh th".split()
 VOWELS = "a e i o u ai ea ou".split()
 

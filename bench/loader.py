@@ -31,7 +31,7 @@ import torch
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 from speechbrain.lobes.features import Fbank  # noqa: E402
 
-from common.data import make_speech_loader  # noqa: E402
+from common.data import SpeechLoaderConfig, make_speech_loader  # noqa: E402
 from common.data.audio import BadDataCounts, decoded_audio  # noqa: E402
 from common.data.metadata import read_speech_metadata  # noqa: E402
 from tests.common.data.conftest import train_tiny_tokenizer, write_shards  # noqa: E402  (contract-exact)
@@ -78,8 +78,8 @@ def independent_limit(shard_paths):
 def loader_rate(parquet, tokenizer, workers, features_in_worker):
     """(audio s/s, CPU s of the main process and its workers) of one epoch of the speech loader."""
     fbank = Fbank(n_mels=80)
-    loader = make_speech_loader(parquet, tokenizer, 120.0, num_workers=workers,
-                                features=fbank if features_in_worker else None)
+    config = SpeechLoaderConfig(120.0, num_workers=workers, fbank_in_loader=features_in_worker)
+    loader = make_speech_loader(parquet, tokenizer, config, fbank=fbank)
     seconds, start, cpu = 0.0, time.perf_counter(), cpu_seconds()
     for batch in loader:
         if not features_in_worker:
@@ -93,7 +93,7 @@ def loader_memory(parquet, tokenizer):
     """(peak MB the in-process loader allocates over one epoch, MB its planned buffer would hold as
     decoded float32 audio). The first is tracemalloc's peak (numpy waveforms and Python objects, not
     torch's own allocations): the Opus bytes held for planned batches plus the batch being made."""
-    loader = make_speech_loader(parquet, tokenizer, 120.0, num_workers=0)
+    loader = make_speech_loader(parquet, tokenizer, SpeechLoaderConfig(120.0))
     tracemalloc.start()
     for _ in loader:
         pass

@@ -64,7 +64,7 @@ class RecipeBrain(sb.Brain):
         """Add one batch's figures (name -> float) to the stage's averages; a name a batch does not
         report is averaged over the batches that do (per-task figures of a mixed loader)."""
         for name, value in figures.items():
-            self.figure_sums[name] += float(value)
+            self.figure_sums[name] += float(value.detach() if hasattr(value, "detach") else value)
             self.figure_counts[name] += 1
 
     def stage_figures(self):

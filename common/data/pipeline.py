@@ -139,11 +139,6 @@ def speech_input(batch):
     return feats if feats is not None else batch.sig
 
 
-def loader_features(hparams):
-    """The config's Fbank to run in the loader workers when ``fbank_in_loader`` is set, else None."""
-    return hparams["graph"]["compute_features"] if hparams["fbank_in_loader"] else None
-
-
 def count_tokens(tokenizer, texts):
     """Token count of each text (numpy int array)."""
     return np.fromiter((len(t) for t in tokenizer.encode(list(texts))), dtype=np.int64, count=len(texts))

@@ -14,6 +14,7 @@ import numpy as np
 from torch.utils.data import DataLoader, IterableDataset, get_worker_info
 
 from common.data.audio import BadDataCounts, choose_speeds, decode_member, speed_perturb, wanted_members
+from common.data.config import SpeechLoaderConfig
 from common.data.metadata import read_speech_metadata
 from common.data.pipeline import Tokenizer, collate, count_tokens, keep_mask, speech_sample
 from common.data.planning import batches_to_skip, plan_epoch
@@ -144,21 +145,30 @@ class SpeechLoader(BatchStream):
 
     name = "speech"
 
-    def __init__(self, metadata, dataset, seed, rank, world_size, num_workers, batching, speeds):
+    def __init__(self, metadata, dataset, config, seed, rank, world_size):
         super().__init__()
-        self.metadata, self.dataset = metadata, dataset
-        self.seed, self.rank, self.world_size, self.num_workers = seed, rank, world_size, num_workers
-        self.batching, self.speed_choices = batching, speeds
+        self.metadata, self.dataset, self.config = metadata, dataset, config
+        self.seed, self.rank, self.world_size = seed, rank, world_size
         self._plans = {}
         self.bad_data = Counter()
+
+    def used_rows(self):
+        """Metadata rows this loader trains on (its filters passed), in metadata order."""
+        return np.flatnonzero(self.metadata.shard_of_row >= 0)
+
+    def used_keys(self):
+        """Sample keys this loader trains on (its filters passed), in metadata order."""
+        return self.metadata.keys[self.used_rows()].tolist()
 
     def plan(self, epoch):
         """(rank plan, speed per row) of ``epoch``, cached for the current epoch only."""
         if epoch not in self._plans:
-            rng = np.random.default_rng([self.seed, epoch, 1])
-            speeds = choose_speeds(len(self.metadata), self.speed_choices, rng)
+            rng, config = np.random.default_rng([self.seed, epoch, 1]), self.config
+            speeds = choose_speeds(len(self.metadata), config.speed_perturb, rng)
             plan = plan_epoch(self.metadata.durations / speeds, self.metadata.shard_of_row, self.seed, epoch,
-                              self.world_size, self.num_workers, **self.batching)
+                              self.world_size, config.num_workers, budget=config.max_batch_seconds,
+                              max_batch_size=config.max_batch_size, buffer_size=config.batch_buffer,
+                              emit_fraction=config.emit_fraction)
             self._plans = {epoch: (plan[self.rank], speeds)}
         return self._plans[epoch]
 
@@ -175,7 +185,7 @@ class SpeechLoader(BatchStream):
     def epoch_batches(self, epoch, start):
         slots, speeds = self.plan(epoch)
         self.dataset.slots, self.dataset.speeds, self.dataset.consumed = slots, speeds, start
-        workers = len(slots) if self.num_workers > 0 else 0
+        workers = len(slots) if self.config.num_workers > 0 else 0
         loader = DataLoader(self.dataset, batch_size=None, num_workers=workers,
                             prefetch_factor=2 if workers else None)
         last_counts = {}
@@ -190,24 +200,8 @@ class SpeechLoader(BatchStream):
                     self.rank, self.batches_in_epoch(epoch), audio, dict(self.bad_data) or "none")
 
 
-def make_speech_loader(
-    parquets,
-    tokenizer,
-    max_batch_seconds,
-    max_batch_size=None,
-    num_workers=2,
-    seed=0,
-    rank=0,
-    world_size=1,
-    filters=None,
-    speed_perturb=None,
-    features=None,
-    buffer_size=1024,
-    emit_fraction=0.25,
-    text_field="text",
-    prefix_tokens=None,
-    cache_audio=False,
-):
+def make_speech_loader(parquets, tokenizer, config, seed=0, rank=0, world_size=1, fbank=None, text_field="text",
+                       prefix_tokens=None):
     """Build the speech loader of one rank.
 
     Arguments
@@ -216,32 +210,19 @@ def make_speech_loader(
         ``metadata_pool.parquet`` / ``metadata_core.parquet`` files; shards sit beside each file.
     tokenizer : str or Tokenizer
         SentencePiece model path (ids per the tokenizer contract).
-    max_batch_seconds : float
-        Padded audio per batch (batch size x longest utterance, after speed perturbation), never exceeded.
-    max_batch_size : int, optional
-        Most utterances per batch.
-    num_workers : int
-        Dataloader workers per rank, each owning whole shards (0: read in the main process).
+    config : SpeechLoaderConfig or dict
+        How it batches: the recipe's ``train_loader`` / ``eval_loader`` block (``common.data.config``).
     seed, rank, world_size : int
         Same seed + shards + world size + workers give the same batches in the same order.
-    filters : dict, optional
-        ``min_duration``/``max_duration`` (s), ``min_tokens``/``max_tokens``, ``max_tokens_per_second``.
-    speed_perturb : list of float, optional
-        Speed factors drawn per utterance and epoch, e.g. ``[0.9, 1.0, 1.1]`` (duration / factor).
-    features : callable, optional
-        Run on each waveform in the workers (e.g. ``speechbrain.lobes.features.Fbank``): batches then
-        hold ``feats`` instead of ``sig``.
-    buffer_size, emit_fraction
-        Batching buffer (utterances held per worker) and tightness, see ``batching.buffered_batches``.
+    fbank : callable, optional
+        The model's feature extractor (e.g. ``speechbrain.lobes.features.Fbank``), run on each waveform
+        in the workers when ``config.fbank_in_loader``: batches then hold ``feats`` instead of ``sig``.
     text_field : str
         The target text: a parquet column (``text``) or a key of the ``extra`` JSON column, e.g.
         ``translation`` for speech translation. Samples without it are left out (with a warning).
     prefix_tokens : list of str or int, optional
         Tokens put before every target, e.g. ``["<fr>"]`` (a target-language tag, a user symbol of
         the tokenizer) or ids; ``tokens_bos`` becomes ``[1, tag, ...]``. Batch ``text`` stays plain.
-    cache_audio : bool
-        Keep every decoded waveform in memory after its first epoch (float32: 230 MB per hour of
-        audio), so later epochs decode nothing. For small corpora only; needs ``num_workers=0``.
 
     Returns
     -------
@@ -249,29 +230,33 @@ def make_speech_loader(
         Iterate once per epoch; ``len()``, ``set_epoch()``, ``state_dict()``/``load_state_dict()``,
         SpeechBrain checkpoint hooks. Batches: ``id``, ``sig`` (or ``feats``), ``duration`` (s),
         ``text``, ``tokens``, ``tokens_bos``, ``tokens_eos``.
+
+    Example
+    -------
+    >>> loader = make_speech_loader("shards/metadata_pool.parquet", "tok/unigram_500.model",
+    ...                             SpeechLoaderConfig(max_batch_seconds=200.0, num_workers=2))  # doctest: +SKIP
     """
+    config = SpeechLoaderConfig.from_config(config)
+    if config.fbank_in_loader and fbank is None:
+        raise ValueError("fbank_in_loader: True needs the model's feature extractor: pass fbank=...")
     tokenizer = tokenizer if isinstance(tokenizer, Tokenizer) else Tokenizer(tokenizer)
     metadata = read_speech_metadata(parquets, text_field)
     prefix_ids = [tokenizer.piece_id(t) if isinstance(t, str) else int(t) for t in prefix_tokens or []]
     keep = texts_present(metadata.texts, text_field)
-    if filters:
+    if config.filters:
         texts = np.where(keep, metadata.texts, "")
-        keep &= keep_mask(metadata.durations, count_tokens(tokenizer, texts) + len(prefix_ids), filters)
+        keep &= keep_mask(metadata.durations, count_tokens(tokenizer, texts) + len(prefix_ids), config.filters)
     metadata.shard_of_row = np.where(keep, metadata.shard_of_row, -1)
-    shortest_speed = min(speed_perturb or [1.0])
+    shortest_speed = min(config.speed_perturb or [1.0])
     used = metadata.durations[metadata.shard_of_row >= 0]
-    if len(used) and used.max() / shortest_speed > max_batch_seconds:
+    if len(used) and used.max() / shortest_speed > config.max_batch_seconds:
         raise ValueError(
-            f"max_batch_seconds={max_batch_seconds} is smaller than the longest utterance allowed "
+            f"max_batch_seconds={config.max_batch_seconds} is smaller than the longest utterance allowed "
             f"({used.max() / shortest_speed:.2f} s after speed perturbation): raise it or lower max_duration"
         )
-    batching = dict(budget=max_batch_seconds, max_batch_size=max_batch_size, buffer_size=buffer_size,
-                    emit_fraction=emit_fraction)
-    if cache_audio and num_workers > 0:
-        raise ValueError(f"cache_audio=True keeps audio in the main process but num_workers={num_workers}: "
-                         "set num_workers=0 (or cache_audio=False)")
-    dataset = ShardStreamDataset(metadata, tokenizer, features, prefix_ids, cache_audio)
-    return SpeechLoader(metadata, dataset, seed, rank, world_size, num_workers, batching, speed_perturb)
+    features = fbank if config.fbank_in_loader else None
+    dataset = ShardStreamDataset(metadata, tokenizer, features, prefix_ids, config.cache_audio)
+    return SpeechLoader(metadata, dataset, config, seed, rank, world_size)
 
 
 def texts_present(texts, text_field):

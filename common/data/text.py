@@ -18,6 +18,7 @@ import torch
 from speechbrain.dataio.batch import PaddedBatch
 
 from common.data.batching import buffered_batches, check_budget
+from common.data.config import TextLoaderConfig
 from common.data.pipeline import PAD_ID, Tokenizer, token_fields
 from common.data.stream import BatchStream
 
@@ -47,11 +48,11 @@ def tag_tokens(tokenizer, texts, langs):
 class TextLoader(BatchStream):
     """Batches of mono or paired text for one rank; see ``make_text_loader``."""
 
-    def __init__(self, keys, texts, src_tokens, tgt_tokens, seed, rank, world_size, batching):
+    def __init__(self, keys, texts, src_tokens, tgt_tokens, config, seed, rank, world_size):
         super().__init__()
         self.keys, self.texts, self.src_tokens, self.tgt_tokens = keys, texts, src_tokens, tgt_tokens
         self.lengths = np.array([len(s) + len(t) for s, t in zip(src_tokens, tgt_tokens)], dtype=np.float64)
-        self.seed, self.rank, self.world_size, self.batching = seed, rank, world_size, batching
+        self.config, self.seed, self.rank, self.world_size = config, seed, rank, world_size
         self._plan = (None, None)
 
     def plan(self, epoch):
@@ -59,7 +60,10 @@ class TextLoader(BatchStream):
         if self._plan[0] != epoch:
             rng = np.random.default_rng([self.seed, epoch, 2])
             rows = rng.permutation(len(self.keys))
-            batches = [rows[b] for b in buffered_batches(self.lengths[rows], rng=rng, **self.batching)]
+            config = self.config
+            batches = [rows[b] for b in buffered_batches(self.lengths[rows], budget=config.max_batch_tokens, rng=rng,
+                                                         max_batch_size=config.max_batch_size,
+                                                         buffer_size=config.batch_buffer)]
             per_rank = len(batches) // self.world_size  # drop the < world_size leftover batches
             if per_rank == 0:
                 raise ValueError(f"{len(batches)} text batches for world_size={self.world_size}: lower the "
@@ -85,21 +89,8 @@ class TextLoader(BatchStream):
         return PaddedBatch(samples, padding_kwargs={"value": PAD_ID})
 
 
-def make_text_loader(
-    parquets,
-    tokenizer,
-    max_batch_tokens,
-    max_batch_size=None,
-    seed=0,
-    rank=0,
-    world_size=1,
-    text_column="text",
-    target_column=None,
-    lang_column=None,
-    target_lang_column=None,
-    max_tokens=None,
-    buffer_size=1024,
-):
+def make_text_loader(parquets, tokenizer, config, seed=0, rank=0, world_size=1, text_column="text",
+                     target_column=None, lang_column=None, target_lang_column=None):
     """Build a mono-text (``target_column=None``) or paired-text loader of one rank.
 
     Arguments
@@ -108,20 +99,19 @@ def make_text_loader(
         Text parquets with ``sample_key`` and the named columns.
     tokenizer : str or Tokenizer
         SentencePiece model path; it must hold the ``<lang>`` tags used.
-    max_batch_tokens : int
-        Padded tokens per batch (batch size x longest source + target), never exceeded.
+    config : TextLoaderConfig or dict
+        How it batches (``max_batch_tokens``, ``max_batch_size``, ``batch_buffer``, ``max_tokens``).
     text_column, target_column : str
         Source text column; target column for paired text (e.g. ``translation``).
     lang_column, target_lang_column : str, optional
         Language columns whose values become tags ``<lang>`` before the tokens.
-    max_tokens : int, optional
-        Drop pairs whose source + target are longer (tokens).
 
     Example
     -------
-    >>> loader = make_text_loader("text/pairs.parquet", "tok/unigram_500.model", 4000,
+    >>> loader = make_text_loader("text/pairs.parquet", "tok/unigram_500.model", {"max_batch_tokens": 4000},
     ...                           target_column="translation", target_lang_column="tgt_lang")  # doctest: +SKIP
     """
+    config = TextLoaderConfig.from_config(config)
     tokenizer = tokenizer if isinstance(tokenizer, Tokenizer) else Tokenizer(tokenizer)
     columns = read_text_columns(parquets, ["sample_key", text_column, target_column, lang_column,
                                            target_lang_column])
@@ -129,10 +119,9 @@ def make_text_loader(
     target_texts = columns[target_column] if target_column else columns[text_column]
     tgt_langs = columns.get(target_lang_column) if target_column else columns.get(lang_column)
     tgt = tag_tokens(tokenizer, target_texts, tgt_langs) if target_column else src
-    keep = [i for i in range(len(src)) if max_tokens is None or len(src[i]) + len(tgt[i]) <= max_tokens]
+    keep = [i for i in range(len(src)) if config.max_tokens is None or len(src[i]) + len(tgt[i]) <= config.max_tokens]
     pick = lambda values: [values[i] for i in keep]  # noqa: E731
     lengths = np.array([len(src[i]) + len(tgt[i]) for i in keep], dtype=np.float64)
-    check_budget(lengths, max_batch_tokens, unit="tokens")
-    batching = dict(budget=max_batch_tokens, max_batch_size=max_batch_size, buffer_size=buffer_size)
-    return TextLoader(pick(columns["sample_key"]), pick(target_texts), pick(src), pick(tgt), seed, rank,
-                      world_size, batching)
+    check_budget(lengths, config.max_batch_tokens, unit="tokens")
+    return TextLoader(pick(columns["sample_key"]), pick(target_texts), pick(src), pick(tgt), config, seed, rank,
+                      world_size)

@@ -93,6 +93,12 @@ class SpeechEncoderDecoder(torch.nn.Module):
                 f"front-end's total stride, and input_size = n_mels / stride * out_channels"
             )
 
+    def frames_per_second(self):
+        """Encoder frames per second of audio (the front-end's output rate), measured on 10 s."""
+        with torch.no_grad():
+            frames = self.frontend(self.compute_features(torch.zeros(1, 160000))).shape[1]
+        return frames / 10.0
+
     def extract_features(self, wavs, wav_lens, epoch=None):
         """Fbank + normalization (+ augmentation in training): [batch, frames, n_mels].
 

@@ -20,8 +20,9 @@ import logging  # noqa: E402
 
 import speechbrain as sb  # noqa: E402
 
-from common.data import Tokenizer, loader_features, make_speech_loader, speech_input  # noqa: E402
+from common.data import SpeechLoaderConfig, Tokenizer, make_speech_loader, speech_input  # noqa: E402
 from common.decoding import beam_search, build_beam_searcher, ctc_greedy, ids_to_text  # noqa: E402
+from common.feasibility import ctc_feasibility, warn_if_infeasible  # noqa: E402
 from common.evaluation import average_best_checkpoints, record_results  # noqa: E402
 from common.metrics import TranscriptMetrics  # noqa: E402
 from common.models.transfer import check_same_tokenizer, load_pretrained  # noqa: E402
@@ -82,7 +83,7 @@ class ASR(RecipeBrain):
         return self.hparams.valid_search if stage == sb.Stage.VALID else self.hparams.test_search
 
     def batch_budgets(self):
-        return {"speech": (self.hparams.max_batch_seconds, "padded seconds")}
+        return {"speech": (self.train_loader.config.max_batch_seconds, "padded seconds")}
 
     def on_stage_start(self, stage, epoch=None):
         """Fresh metrics for each stage (the base class starts the loader's epoch)."""
@@ -146,22 +147,25 @@ def check_checkpoint_key(key):
 
 
 def speech_loader(hparams, parquet, training, rank=0, world_size=1):
-    """A loader over ``parquet``: training with filters, speed perturbation and this rank's share;
-    evaluation with every utterance, in one process (results are written by the main process)."""
-    common = dict(tokenizer=hparams["tokenizer_file"], seed=hparams["seed"], text_field=hparams["text_field"],
-                  prefix_tokens=hparams["prefix_tokens"])
-    if training:
-        loader = make_speech_loader(parquet, max_batch_seconds=hparams["max_batch_seconds"],
-                                    max_batch_size=hparams["max_batch_size"], num_workers=hparams["num_workers"],
-                                    buffer_size=hparams["batch_buffer"], rank=rank, world_size=world_size,
-                                    filters=hparams["filters"], speed_perturb=hparams["speed_perturb"],
-                                    cache_audio=hparams["cache_audio"],
-                                    features=loader_features(hparams), **common)
-    else:
-        loader = make_speech_loader(parquet, max_batch_seconds=hparams["eval_max_batch_seconds"],
-                                    max_batch_size=hparams["max_batch_size"], num_workers=0, **common)
+    """A loader over ``parquet`` as the ``train_loader`` block says (this rank's share), or as the
+    ``eval_loader`` block says (every utterance; results are written by the main process)."""
+    block = "train_loader" if training else "eval_loader"
+    loader = make_speech_loader(parquet, hparams["tokenizer_file"], SpeechLoaderConfig.from_config(hparams[block], block),
+                                seed=hparams["seed"], rank=rank, world_size=world_size,
+                                fbank=hparams["graph"]["compute_features"], text_field=hparams["text_field"],
+                                prefix_tokens=hparams["prefix_tokens"])
     loader.name = "train" if training else split_name(parquet)  # labels its end-of-pass log line
     return loader
+
+
+def check_ctc_alignment(loader, tokenizer, model):
+    """Warn, with the numbers and the setting to change, when CTC cannot align (or barely aligns)
+    the training transcripts with the encoder's frame rate (``common.feasibility``)."""
+    used = loader.used_rows()
+    report = ctc_feasibility(loader.metadata.durations[used], tokenizer.encode(list(loader.metadata.texts[used])),
+                             model.frames_per_second(), fastest_speed=max(loader.config.speed_perturb or [1.0]))
+    warn_if_infeasible(report, "training data")
+    return report
 
 
 def split_name(parquet):
@@ -202,6 +206,7 @@ def main(argv):
         init_from_pretrained(hparams)
     if hparams["do_train"]:
         brain.train_loader = speech_loader(hparams, hparams["train_parquet"], True, *rank_and_world_size())
+        check_ctc_alignment(brain.train_loader, brain.tokenizer, hparams["model"])
         hparams["checkpointer"].add_recoverable("train_loader", brain.train_loader)
         brain.fit(hparams["epoch_counter"], brain.train_loader,
                   speech_loader(hparams, hparams["valid_parquet"], False))

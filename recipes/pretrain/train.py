@@ -30,8 +30,8 @@ from collections import defaultdict  # noqa: E402
 import numpy as np  # noqa: E402
 import speechbrain as sb  # noqa: E402
 
-from common.data import (MixedLoader, Tokenizer, loader_features, make_speech_loader, make_text_loader,  # noqa: E402
-                         speech_input)
+from common.data import (MixedLoader, SpeechLoaderConfig, TextLoaderConfig, Tokenizer, make_speech_loader,  # noqa: E402
+                         make_text_loader, speech_input)
 from common.data.units import read_units, units_at_frames  # noqa: E402
 from common.masking import mask_spans  # noqa: E402
 from common.objectives import masked_unit_loss, sequence_loss  # noqa: E402
@@ -101,29 +101,29 @@ class JointPretraining(RecipeBrain):
         self.task_batches = defaultdict(int)
 
     def batch_budgets(self):
-        budgets = {SPEECH: (self.hparams.max_batch_seconds, "padded seconds")}
-        if {TEXT, PAIRED} & self.train_loader.streams.keys():
-            budgets["text"] = (self.hparams.max_batch_tokens, "padded tokens")
+        streams = self.train_loader.streams
+        budgets = {SPEECH: (streams[SPEECH].config.max_batch_seconds, "padded seconds")}
+        text = streams.get(TEXT) or streams.get(PAIRED)
+        if text is not None:
+            budgets["text"] = (text.config.max_batch_tokens, "padded tokens")
         return budgets
 
 
 def speech_loader(hparams, parquets, training, rank=0, world_size=1):
-    """Speech batches (texts unused); training: this rank's share with filters; evaluation: all."""
-    return make_speech_loader(
-        parquets, hparams["tokenizer_file"], max_batch_size=hparams["max_batch_size"], seed=hparams["seed"],
-        max_batch_seconds=hparams["max_batch_seconds"] if training else hparams["eval_max_batch_seconds"],
-        num_workers=hparams["num_workers"] if training else 0, buffer_size=hparams["batch_buffer"],
-        rank=rank, world_size=world_size,
-        filters=hparams["filters"] if training else None, cache_audio=training and hparams["cache_audio"],
-        features=loader_features(hparams) if training else None)
+    """Speech batches (texts unused): this rank's share as the ``speech_loader`` block says, or every
+    utterance as the ``eval_loader`` block says."""
+    block = "speech_loader" if training else "eval_loader"
+    return make_speech_loader(parquets, hparams["tokenizer_file"], SpeechLoaderConfig.from_config(hparams[block], block),
+                              seed=hparams["seed"], rank=rank, world_size=world_size,
+                              fbank=hparams["graph"]["compute_features"])
 
 
 def text_loader(hparams, parquets, rank, world_size, paired):
-    """Mono (``paired=False``) or paired text batches of this rank."""
+    """Mono (``paired=False``) or paired text batches of this rank, as the ``text_loader`` block says."""
     columns = hparams["paired_columns"] if paired else hparams["text_columns"]
-    return make_text_loader(parquets, hparams["tokenizer_file"], hparams["max_batch_tokens"],
-                            max_batch_size=hparams["max_batch_size"], seed=hparams["seed"], rank=rank,
-                            world_size=world_size, max_tokens=hparams["max_text_tokens"], **columns)
+    return make_text_loader(parquets, hparams["tokenizer_file"],
+                            TextLoaderConfig.from_config(hparams["text_loader"], "text_loader"),
+                            seed=hparams["seed"], rank=rank, world_size=world_size, **columns)
 
 
 def training_mix(hparams, rank, world_size):
@@ -146,11 +146,6 @@ def make_noiser(hparams, tokenizer):
                       **hparams["text_noising"])
 
 
-def used_keys(loader):
-    """Sample keys a speech loader reads (after its filters)."""
-    return loader.metadata.keys[loader.metadata.shard_of_row >= 0].tolist()
-
-
 INPUT_KEYS = ("speech_parquets", "units_dirs", "valid_parquet", "valid_units_dir", "text_parquets",
               "paired_parquets", "tokenizer_file")
 
@@ -164,12 +159,12 @@ def main(argv):
     unit_dirs = hparams["units_dirs"] + ([hparams["valid_units_dir"]] if hparams["valid_units_dir"] else [])
     brain.units = read_units(unit_dirs, expected_hash=hparams["kmeans_hash"])
     brain.train_loader = training_mix(hparams, *rank_and_world_size())
-    brain.units.check_covers(used_keys(brain.train_loader.streams[SPEECH]), hparams["speech_parquets"])
+    brain.units.check_covers(brain.train_loader.streams[SPEECH].used_keys(), hparams["speech_parquets"])
     hparams["checkpointer"].add_recoverable("train_loader", brain.train_loader)
     if hparams["valid_parquet"]:
         brain.valid_loader = speech_loader(hparams, hparams["valid_parquet"], False)
         brain.valid_loader.name = "valid"  # labels its end-of-pass log line
-        brain.units.check_covers(used_keys(brain.valid_loader), hparams["valid_parquet"])
+        brain.units.check_covers(brain.valid_loader.used_keys(), hparams["valid_parquet"])
     brain.fit(hparams["epoch_counter"], brain.train_loader, brain.valid_loader)
 
 

@@ -5,7 +5,7 @@ import json
 import pyarrow.parquet as pq
 import pytest
 
-from common.data import make_text_loader
+from common.data import TextLoaderConfig, make_text_loader
 from local import make_text_shards
 from tests.common.data.conftest import train_tiny_tokenizer
 from tests.local.test_extract_units import kill_at_rename, run_to_the_end, temporary_files
@@ -50,7 +50,7 @@ def test_mono_jsonl_and_text_loader_round_trip(tmp_path):
                              "--lang", "en")
     assert [r["translation"] for r in rows] == [None] * 3 and rejects[0]["reason"] == "malformed_json"
     tokenizer = train_tiny_tokenizer(tmp_path)
-    loader = make_text_loader(str(out), str(tokenizer), 100, lang_column="lang")
+    loader = make_text_loader(str(out), str(tokenizer), TextLoaderConfig(100), lang_column="lang")
     texts = sorted(text for batch in loader for text in batch.text)
     assert texts == sorted(r["text"] for r in rows)
 

@@ -136,7 +136,8 @@ def test_damaged_shards_met_in_training_are_skipped_with_counted_warnings(
 
 @pytest.mark.parametrize("override,message", [
     ("--max_batch_seconds=abc", r"--max_batch_seconds='abc' is of type str.*pass a float"),
-    ("--filters={min_duration: 0.3, max_duration: ten}", r"--filters\[max_duration\]='ten' is of type str.*pass a float"),
+    ("--train_loader={filters: {min_duration: 0.3, max_duration: ten}}",
+     r"--train_loader\[filters\]\[max_duration\]='ten' is of type str.*pass a float"),
     ("--train_parquet=nowhere/metadata_pool.parquet",
      r"train_parquet: nowhere/metadata_pool.parquet does not exist: fix --train_parquet=.*make_shards"),
     ("--tokenizer_file=nowhere/bpe_60.model",

@@ -14,7 +14,8 @@ from tests.recipes.finetune_args import CONFIGS, TINY, data_options, epoch_losse
 def test_run_sh_trains_decodes_and_scores_with_every_output(speech_shards, tmp_path):
     """Stages 1-3 on shard folders: the training loss goes down over 4 epochs, and the experiment
     folder holds the resolved config, the command, train_log, TensorBoard events, alignments,
-    the averaged checkpoint, results.txt and results.json; the results table is printed."""
+    the averaged checkpoint, results.txt and results.json, the learning curves and their history;
+    the results table is printed."""
     exp = tmp_path / "exp"
     result = run_sh("--stage", "1", "--data", str(tmp_path / "data"), "--vocab_size", "60",
                     "--exp", str(exp), *data_options(speech_shards), "--", "--number_of_epochs=4", *TINY)
@@ -27,10 +28,12 @@ def test_run_sh_trains_decodes_and_scores_with_every_output(speech_shards, tmp_p
     assert results["num_utterances"] == 8 and 0 <= results["cer"] and "wer" in results["ctc_greedy"]
     assert results["config"].endswith("demo.yaml") and os.path.isfile(results["checkpoint"])
     for name in ("hyperparams.yaml", "command.txt", "wer_test.txt", "wer_test_ctc_greedy.txt",
-                 "averaged.ckpt", "results.txt"):
+                 "averaged.ckpt", "results.txt", "curves.png", "history.json"):
         assert (exp / name).is_file(), name
     assert any(name.startswith("events.out.tfevents") for name in os.listdir(exp / "tensorboard"))
     assert "number_of_epochs: 4" in (exp / "hyperparams.yaml").read_text()
+    history = json.loads((exp / "history.json").read_text())  # redrawn with curves.png every epoch
+    assert [r["epoch"] for r in history] == [1, 2, 3, 4] and all("CER" in r["valid"] for r in history)
     table = result.stdout[result.stdout.rindex("experiment "):].splitlines()  # printed last
     assert table[0].split()[:4] == ["experiment", "split", "WER", "%"] and table[2].split()[:2] == ["exp", "test"]
 
@@ -61,7 +64,7 @@ def test_interrupted_training_resumes_at_the_next_batch(speech_shards, tokenizer
 
 def test_fbank_in_loader_trains_on_features_made_by_a_loader_worker(speech_shards, tokenizer_file, tmp_path,
                                                                    monkeypatch):
-    """--fbank_in_loader=True with a loader worker: every training batch arrives with Fbank features
+    """train_loader[fbank_in_loader]: True with a loader worker: every training batch arrives with Fbank features
     of the config's n_mels, and the epoch trains to a finite loss."""
     feature_sizes = []
 
@@ -71,7 +74,7 @@ def test_fbank_in_loader_trains_on_features_made_by_a_loader_worker(speech_shard
     monkeypatch.setattr(train.ASR, "on_fit_batch_start", record)
     exp = tmp_path / "exp"
     train.main(train_argv(speech_shards, tokenizer_file, exp, "--number_of_epochs=1", "--do_test=False",
-                          "--fbank_in_loader=True", "--num_workers=1", "--cache_audio=False"))
+                          "--train_loader={fbank_in_loader: True, cache_audio: False}", "--num_workers=1"))
     assert feature_sizes and set(feature_sizes) == {72}  # demo.yaml's n_mels
     assert all(loss == loss for loss in epoch_losses(exp / "train_log.txt"))  # not NaN
 

@@ -5,7 +5,7 @@ import tarfile
 import torch
 from speechbrain.utils.checkpoints import Checkpointer
 
-from common.data import make_speech_loader
+from common.data import SpeechLoaderConfig, make_speech_loader
 from common.data.metadata import read_speech_metadata
 
 
@@ -16,7 +16,7 @@ def epoch_keys(loader):
 
 def test_batches_follow_the_contract(tone_shards, tokenizer_model):
     """sig is [B, T] float32; tokens padded with 0; tokens_bos = [1]+tokens; tokens_eos = tokens+[2]."""
-    batch = next(iter(make_speech_loader(tone_shards, tokenizer_model, 6.0, num_workers=0)))
+    batch = next(iter(make_speech_loader(tone_shards, tokenizer_model, SpeechLoaderConfig(6.0))))
     assert batch.sig.data.dtype == torch.float32 and batch.sig.data.ndim == 2
     first = batch.tokens.data[0][: int(round(batch.tokens.lengths[0].item() * batch.tokens.data.shape[1]))]
     assert batch.tokens_bos.data[0][0] == 1 and torch.equal(batch.tokens_bos.data[0][1 : len(first) + 1], first)
@@ -29,7 +29,7 @@ def test_ranks_share_the_epoch_without_loss_or_repeat_and_within_budget(tone_sha
     durations = dict(zip(*(lambda m: (m.keys, m.durations))(read_speech_metadata(tone_shards))))
     keys, counts = [], set()
     for rank in range(3):
-        loader = make_speech_loader(tone_shards, tokenizer_model, 5.0, num_workers=0, rank=rank, world_size=3)
+        loader = make_speech_loader(tone_shards, tokenizer_model, SpeechLoaderConfig(5.0), rank=rank, world_size=3)
         for batch in loader:
             keys += batch.id
             assert len(batch.id) * max(durations[k] for k in batch.id) <= 5.0
@@ -40,7 +40,7 @@ def test_ranks_share_the_epoch_without_loss_or_repeat_and_within_budget(tone_sha
 
 def test_same_seed_same_batches_other_epoch_other_order(tone_shards, tokenizer_model):
     """Same seed and world size -> identical keys per batch; epoch 1 differs from epoch 0."""
-    make = lambda: make_speech_loader(tone_shards, tokenizer_model, 5.0, num_workers=0, seed=3)  # noqa: E731
+    make = lambda: make_speech_loader(tone_shards, tokenizer_model, SpeechLoaderConfig(5.0), seed=3)  # noqa: E731
     first, second = make(), make()
     epoch0 = epoch_keys(first)
     assert epoch0 == epoch_keys(second) == first.planned_keys(0)
@@ -49,7 +49,7 @@ def test_same_seed_same_batches_other_epoch_other_order(tone_shards, tokenizer_m
 
 def test_resume_continues_with_exactly_the_next_batch(tone_shards, tokenizer_model, tmp_path):
     """Stop after k batches, save with a Checkpointer, restore into a new loader: the rest matches."""
-    make = lambda: make_speech_loader(tone_shards, tokenizer_model, 5.0, num_workers=0, seed=5)  # noqa: E731
+    make = lambda: make_speech_loader(tone_shards, tokenizer_model, SpeechLoaderConfig(5.0), seed=5)  # noqa: E731
     full = epoch_keys(make())
     interrupted = make()
     checkpointer = Checkpointer(tmp_path, {"loader": interrupted})
@@ -68,8 +68,8 @@ def test_real_dataloader_with_two_workers_over_make_shards_output(make_shard_dir
     from speechbrain.lobes.features import Fbank
 
     shard_dir = make_shard_dir(num_samples=16, min_s=0.4, max_s=1.5, shard_size_mb=0.03)
-    loader = make_speech_loader(shard_dir / "metadata_pool.parquet", tokenizer_model, 4.0, num_workers=2,
-                                features=Fbank(n_mels=40))
+    loader = make_speech_loader(shard_dir / "metadata_pool.parquet", tokenizer_model,
+                                SpeechLoaderConfig(4.0, num_workers=2, fbank_in_loader=True), fbank=Fbank(n_mels=40))
     planned = loader.planned_keys(0)
     batches = list(loader)
     assert [list(b.id) for b in batches] == planned
@@ -91,8 +91,8 @@ def test_bad_data_is_skipped_counted_and_the_epoch_goes_on(tone_shards, tokenize
     with open(damaged[3], "r+b") as tar:
         tar.seek(member.offset_data)
         tar.write(b"\x00" * 64)
-    clean = make_speech_loader(tone_shards, tokenizer_model, 5.0, num_workers=0)
-    loader = make_speech_loader(copy / "metadata_pool.parquet", tokenizer_model, 5.0, num_workers=0)
+    clean = make_speech_loader(tone_shards, tokenizer_model, SpeechLoaderConfig(5.0))
+    loader = make_speech_loader(copy / "metadata_pool.parquet", tokenizer_model, SpeechLoaderConfig(5.0))
     keys = [k for batch in loader for k in batch.id]
     assert len(loader) == len(clean)
     assert loader.bad_data["truncated_shard"] == 1 and loader.bad_data["undecodable"] == 1
@@ -113,8 +113,8 @@ def test_text_field_reads_a_key_of_the_extra_json_and_the_prefix_token_leads_the
 
     parquet = write_shards(tmp_path, [5, 4], carried=reversed_translation)
     tokenizer = Tokenizer(tokenizer_model)
-    plain = {k: t for b in make_speech_loader(parquet, tokenizer, 5.0, num_workers=0) for k, t in zip(b.id, b.text)}
-    loader = make_speech_loader(parquet, tokenizer, 5.0, num_workers=0, text_field="translation",
+    plain = {k: t for b in make_speech_loader(parquet, tokenizer, SpeechLoaderConfig(5.0)) for k, t in zip(b.id, b.text)}
+    loader = make_speech_loader(parquet, tokenizer, SpeechLoaderConfig(5.0), text_field="translation",
                                 prefix_tokens=["<fr>"])
     tag = tokenizer.piece_id("<fr>")
     for batch in loader:
@@ -133,12 +133,12 @@ def test_samples_without_the_text_field_are_left_out_and_an_unknown_field_names_
     from tests.common.data.conftest import write_shards
 
     parquet = write_shards(tmp_path, [6], carried=lambda text: reversed_translation(text) if "a" in text else {})
-    loader = make_speech_loader(parquet, tokenizer_model, 5.0, num_workers=0, text_field="translation")
+    loader = make_speech_loader(parquet, tokenizer_model, SpeechLoaderConfig(5.0), text_field="translation")
     texts = [t for batch in loader for t in batch.text]
     expected = [t for t in read_speech_metadata(parquet, "translation").texts if t is not None]
     assert sorted(texts) == sorted(expected) and 0 < len(texts) < 6
     with pytest.raises(ValueError, match="translaton.*'translation'"):
-        make_speech_loader(parquet, tokenizer_model, 5.0, num_workers=0, text_field="translaton")
+        make_speech_loader(parquet, tokenizer_model, SpeechLoaderConfig(5.0), text_field="translaton")
 
 
 def test_cached_audio_gives_the_same_batches_and_later_epochs_read_no_shard(tone_shards, tokenizer_model,
@@ -149,14 +149,14 @@ def test_cached_audio_gives_the_same_batches_and_later_epochs_read_no_shard(tone
 
     from common.data import speech
 
-    make = lambda **kw: make_speech_loader(tone_shards, tokenizer_model, 5.0, num_workers=0, seed=2, **kw)  # noqa: E731
+    make = lambda **kw: make_speech_loader(tone_shards, tokenizer_model, SpeechLoaderConfig(5.0, **kw), seed=2)  # noqa: E731
     plain, cached = make(), make(cache_audio=True)
     for a, b in zip(list(plain), list(cached)):
         assert a.id == b.id and torch.equal(a.sig.data, b.sig.data)
     monkeypatch.setattr(speech, "wanted_members", lambda *args: (_ for _ in ()).throw(AssertionError("read")))
     assert epoch_keys(cached) == cached.planned_keys(1)
-    with pytest.raises(ValueError, match="num_workers=2"):
-        make_speech_loader(tone_shards, tokenizer_model, 5.0, num_workers=2, cache_audio=True)
+    with pytest.raises(ValueError, match="num_workers is 2"):
+        SpeechLoaderConfig(5.0, num_workers=2, cache_audio=True)
 
 
 def test_members_read_ahead_are_held_encoded_and_decoded_when_asked(tone_shards, tokenizer_model):
@@ -165,7 +165,7 @@ def test_members_read_ahead_are_held_encoded_and_decoded_when_asked(tone_shards,
     from common.data.audio import BadDataCounts
     from common.data.speech import WaveformStream
 
-    loader = make_speech_loader(tone_shards, tokenizer_model, 5.0, num_workers=0)
+    loader = make_speech_loader(tone_shards, tokenizer_model, SpeechLoaderConfig(5.0))
     slot = loader.plan(0)[0][0]
     stream = WaveformStream(loader.metadata, slot, set(slot.stream_rows.tolist()), BadDataCounts())
     last = int(slot.stream_rows[-1])

@@ -4,7 +4,7 @@ import pyarrow as pa
 import pyarrow.parquet as pq
 import pytest
 
-from common.data import make_text_loader
+from common.data import TextLoaderConfig, make_text_loader
 from tests.common.data.conftest import WORDS
 
 
@@ -21,7 +21,7 @@ def pairs_parquet(tmp_path_factory):
 
 def test_paired_batches_carry_tags_and_respect_the_token_budget(pairs_parquet, tokenizer_model):
     """src starts with <en>, tokens_bos with [1, <fr>]; size x longest (src + tgt) <= budget; all keys once."""
-    loader = make_text_loader(pairs_parquet, tokenizer_model, 120, target_column="translation",
+    loader = make_text_loader(pairs_parquet, tokenizer_model, TextLoaderConfig(120), target_column="translation",
                               lang_column="lang", target_lang_column="tgt_lang")
     en, fr = (loader.src_tokens[0][0], loader.tgt_tokens[0][0])
     keys = []
@@ -35,6 +35,6 @@ def test_paired_batches_carry_tags_and_respect_the_token_budget(pairs_parquet, t
 
 def test_mono_text_ranks_get_equal_batches_and_disjoint_keys(pairs_parquet, tokenizer_model):
     """Two ranks: same batch count, no key on both ranks."""
-    loaders = [make_text_loader(pairs_parquet, tokenizer_model, 60, rank=r, world_size=2) for r in (0, 1)]
+    loaders = [make_text_loader(pairs_parquet, tokenizer_model, TextLoaderConfig(60), rank=r, world_size=2) for r in (0, 1)]
     keys = [{k for batch in loader for k in batch.id} for loader in loaders]
     assert len(loaders[0]) == len(loaders[1]) and not keys[0] & keys[1]
