@@ -1,9 +1,11 @@
 #!/usr/bin/env python3
 """Train a SentencePiece tokenizer on the texts of a shard folder's parquet.
 
-    python local/train_tokenizer.py SHARD_DIR OUT_DIR --vocab-size N [--model-type unigram|bpe|char]
+    python local/train_tokenizer.py SHARD_DIR OUT_DIR --vocab-size N [--model-type unigram|bpe]
+    python local/train_tokenizer.py SHARD_DIR OUT_DIR --model-type char
 
-Writes OUT_DIR/{model_type}_{vocab_size}.model and .vocab. Ids are fixed so the recipes can rely on
+Writes OUT_DIR/{model_type}_{vocab_size}.model and .vocab (OUT_DIR/char.model for characters: every
+character of the text is a piece, so the size follows from the text; a --vocab-size given is checked). Ids are fixed so the recipes can rely on
 them: 0 = <blank> (padding and the CTC blank), 1 = <s>, 2 = </s>, 3 = <unk>, then the --user-symbols
 (language tags, <mask>, ...), then the learned pieces. Training is deterministic: the same texts and
 options give the same model (one thread, no sampling of the input).
@@ -31,7 +33,8 @@ def parse_args(argv=None):
                                      formatter_class=argparse.ArgumentDefaultsHelpFormatter)
     parser.add_argument("shard_dir", nargs="+", help="shard folder(s) whose parquet texts are used")
     parser.add_argument("out_dir", help="folder for the .model and .vocab files (created)")
-    parser.add_argument("--vocab-size", type=int, required=True, help="pieces, special ones included")
+    parser.add_argument("--vocab-size", type=int, default=None,
+                        help="pieces, special ones included (unigram and bpe need it; char: the text's)")
     parser.add_argument("--model-type", default="unigram", choices=("unigram", "bpe", "char"))
     parser.add_argument("--metadata", default="pool", choices=("pool", "core"),
                         help="which parquet's texts to train on")
@@ -60,12 +63,27 @@ def read_texts(shard_dirs, metadata="pool", text_field="text"):
     return texts
 
 
-def train_tokenizer(texts, out_dir, vocab_size, model_type="unigram", user_symbols=(),
+def tokenizer_name(model_type, vocab_size):
+    """The file stem of a tokenizer: ``unigram_500``, ``bpe_300``, ``char`` (its size is the text's)."""
+    return "char" if model_type == "char" else f"{model_type}_{vocab_size}"
+
+
+def char_vocab_size(texts, user_symbols=()):
+    """Pieces of a character model of ``texts``: each character (space as ▁) plus the special ones."""
+    return len(set("".join(texts).replace(" ", "▁"))) + len(SPECIAL_PIECES) + len(user_symbols)
+
+
+def train_tokenizer(texts, out_dir, vocab_size=None, model_type="unigram", user_symbols=(),
                     character_coverage=1.0):
-    """Train on ``texts``; returns the .model path. Raises ValueError when vocab_size cannot be met."""
+    """Train on ``texts``; returns the .model path. Raises ValueError when vocab_size cannot be met
+    (``vocab_size`` None: a character model's own size; unigram and bpe need one)."""
     os.makedirs(out_dir, exist_ok=True)
+    if vocab_size is None:
+        if model_type != "char":
+            raise ValueError(f"a {model_type} tokenizer needs --vocab-size (e.g. 500)")
+        vocab_size = char_vocab_size(texts, user_symbols)
     _check_vocab_size(texts, vocab_size, model_type, user_symbols)
-    prefix = os.path.join(out_dir, f"{model_type}_{vocab_size}")
+    prefix = os.path.join(out_dir, tokenizer_name(model_type, vocab_size))
     with tempfile.TemporaryDirectory(dir=out_dir) as work:
         corpus = os.path.join(work, "texts.txt")
         with open(corpus, "w", encoding="utf-8") as handle:
@@ -89,11 +107,11 @@ def train_tokenizer(texts, out_dir, vocab_size, model_type="unigram", user_symbo
 def _check_vocab_size(texts, vocab_size, model_type, user_symbols):
     """Fail early, with the numbers, when the text cannot support ``vocab_size`` pieces."""
     specials = len(SPECIAL_PIECES) + len(user_symbols)
-    characters = len(set("".join(texts).replace(" ", "▁")))
+    characters = char_vocab_size(texts, user_symbols) - specials
     if model_type == "char" and vocab_size != characters + specials:
         raise ValueError(f"--vocab-size {vocab_size} does not fit a char model of this text: it has "
                          f"{characters} characters + {specials} special pieces = "
-                         f"{characters + specials}; pass --vocab-size {characters + specials}")
+                         f"{characters + specials}; leave --vocab-size out for characters")
     if model_type != "char" and vocab_size <= characters + specials:
         raise ValueError(f"--vocab-size {vocab_size} is too small: the text has {characters} distinct "
                          f"characters and there are {specials} special pieces; use more than "
@@ -111,7 +129,7 @@ def main(argv=None):
     except (FileNotFoundError, ValueError) as error:
         print(f"error: {error}", file=sys.stderr)
         sys.exit(2)
-    logger.info("trained %s %d on %d texts -> %s", args.model_type, args.vocab_size, len(texts), model)
+    logger.info("trained %s on %d texts -> %s", args.model_type, len(texts), model)
 
 
 if __name__ == "__main__":

@@ -31,8 +31,18 @@ def test_vocab_larger_than_the_text_supports_is_a_clear_error(tmp_path):
     """Asking for more pieces than the text holds fails with the size and what to do."""
     with pytest.raises(ValueError, match="Lower --vocab-size"):
         train_tokenizer(TEXTS, tmp_path, 5000, "unigram")
-    with pytest.raises(ValueError, match="pass --vocab-size 21"):
+    with pytest.raises(ValueError, match="21; leave --vocab-size out"):
         train_tokenizer(TEXTS, tmp_path, 40, "char")
+    with pytest.raises(ValueError, match="needs --vocab-size"):
+        train_tokenizer(TEXTS, tmp_path, None, "unigram")
+
+
+def test_a_character_model_sizes_itself(tmp_path):
+    """Without a size, a char model holds every character of the text plus the special pieces, in
+    char.model (run.sh names it without knowing the text)."""
+    model = train_tokenizer(TEXTS, tmp_path, None, "char", user_symbols=["<en>"])
+    assert model.endswith("char.model")
+    assert spm.SentencePieceProcessor(model_file=model).vocab_size() == 21 + 1
 
 
 def test_trains_from_a_shard_folder(make_shard_dir, tmp_path):
@@ -40,7 +50,7 @@ def test_trains_from_a_shard_folder(make_shard_dir, tmp_path):
     out = make_shard_dir(num_samples=6)
     assert len(read_texts([str(out)])) == 6
     main([str(out), str(tmp_path / "tok"), "--vocab-size", "19", "--model-type", "char"])
-    assert (tmp_path / "tok" / "char_19.model").is_file()
+    assert (tmp_path / "tok" / "char.model").is_file()
     with pytest.raises(SystemExit) as raised:
         main([str(tmp_path / "nowhere"), str(tmp_path / "tok"), "--vocab-size", "16"])
     assert raised.value.code == 2
