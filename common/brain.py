@@ -10,6 +10,9 @@ the per-term averages of each stage, TensorBoard, the epoch's log line, ``histor
 - optionally ``evaluation_figures(stage)`` (e.g. WER of the validation decode), ``end_test(stats)``,
   ``checkpoint_key`` (the validation figure that ranks checkpoints) and ``higher_is_better``.
 
+A wall-clock budget (``train_minutes`` in the hparams, optional) ends training after the epoch that
+spends it, counting the minutes of earlier runs of the same experiment (``history.json``).
+
 Its ``hparams`` need ``lr_scheduler``, ``log_interval_steps``, ``tensorboard_logger``,
 ``train_logger``, ``batch_log``, ``keep_checkpoints``, ``output_folder`` and ``epoch_counter``.
 
@@ -90,6 +93,11 @@ class RecipeBrain(sb.Brain):
 
     def on_fit_start(self):
         super().on_fit_start()
+        self.fit_began = time.time()
+        records = EpochHistory(os.path.join(self.hparams.output_folder, HISTORY_NAME)).records
+        self.minutes_before = records[-1].get("minutes", 0.0) if records else 0.0
+        if self.budget_spent(self.minutes_before):
+            self.hparams.epoch_counter.limit = self.hparams.epoch_counter.current
         ranks, accumulation = rank_and_world_size()[1], self.grad_accumulation_factor
         for modality, (amount, unit) in self.batch_budgets().items():
             logger.info("effective %s batch per update: %d ranks x %d accumulated x %g %s = %g %s", modality,
@@ -132,7 +140,9 @@ class RecipeBrain(sb.Brain):
 
     def end_epoch(self, epoch, valid_stats):
         """The epoch's log line (file and TensorBoard), history and curves, and its checkpoint."""
-        meta = {"epoch": epoch, "lr": self.optimizer.param_groups[0]["lr"], "steps": self.optimizer_step}
+        minutes = self.minutes_before + (time.time() - self.fit_began) / 60
+        meta = {"epoch": epoch, "lr": self.optimizer.param_groups[0]["lr"], "steps": self.optimizer_step,
+                "minutes": round(minutes, 2)}
         for logger_name in ("train_logger", "tensorboard_logger"):
             getattr(self.hparams, logger_name).log_stats(meta, train_stats=self.train_stats,
                                                          valid_stats=valid_stats)
@@ -143,12 +153,24 @@ class RecipeBrain(sb.Brain):
         ranking = {("max_keys" if self.higher_is_better else "min_keys"): [key]} if ranked else {}
         self.checkpointer.save_and_keep_only(meta={"epoch": epoch, **({key: valid_stats[key]} if ranked else {})},
                                              num_to_keep=self.hparams.keep_checkpoints, **ranking)
+        if self.budget_spent(minutes):
+            logger.info("the training budget of %g minutes is spent after epoch %d (%.1f min)",
+                        self.hparams.train_minutes, epoch, minutes)
+            self.hparams.epoch_counter.limit = epoch
+
+    def budget_spent(self, minutes):
+        """Whether ``minutes`` of training spend ``train_minutes`` (rank 0 decides for all ranks)."""
+        budget = getattr(self.hparams, "train_minutes", None)
+        spent = torch.tensor(float(budget is not None and minutes >= budget), device=self.device)
+        if torch.distributed.is_initialized():
+            torch.distributed.broadcast(spent, src=0)
+        return bool(spent)
 
     def draw_history(self, epoch, meta, valid_stats):
         """Add the epoch to ``history.json`` and redraw ``curves.png`` in the output folder."""
         folder = self.hparams.output_folder
         history = EpochHistory(os.path.join(folder, HISTORY_NAME))
-        history.add(epoch, lr=meta["lr"], steps=meta["steps"], train=_plain(self.train_stats),
+        history.add(epoch, lr=meta["lr"], steps=meta["steps"], minutes=meta["minutes"], train=_plain(self.train_stats),
                     valid=_plain(valid_stats) if valid_stats else None)
         try:
             plot_curves(history.records, os.path.join(folder, CURVES_NAME))
