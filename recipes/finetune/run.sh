@@ -3,6 +3,7 @@
 #
 #   bash recipes/finetune/run.sh                          # the built-in demo corpus, end to end
 #   bash recipes/finetune/run.sh --train my/train.jsonl --valid my/dev.jsonl --test "my/test.jsonl"
+#                                                         # your corpus, with hparams/small.yaml
 #   bash recipes/finetune/run.sh --stage 2 --stop_stage 2 -- --max_batch_seconds=100
 #   bash recipes/finetune/run.sh --config hparams/demo_st.yaml   # speech translation of the demo
 #   bash recipes/finetune/run.sh --pretrained exp/pretrain_demo  # from recipes/pretrain/run.sh
@@ -21,9 +22,10 @@ data=data/demo      # working folder: generated corpus, shards, tokenizer
 train=""            # training corpus or shard folder (default: the synthesized demo corpus)
 valid=""            # validation corpus or shard folder
 test=""             # space-separated test corpora or shard folders
-vocab_size=300      # SentencePiece pieces, special ones included (300: near whole words for the demo)
-token_type=bpe      # unigram | bpe | char
-config=hparams/demo.yaml  # train.py config, relative to recipes/finetune/ or to the repository
+vocab_size=""       # SentencePiece pieces, special ones included (default: the config's token_count)
+token_type=""       # unigram | bpe | char (default: the config's token_type)
+config=""           # train.py config, relative to recipes/finetune/ or to the repository (default:
+                    # hparams/demo.yaml for the demo corpus, hparams/small.yaml with --train)
 exp=""              # experiment folder (default: exp/finetune_<config name>)
 pretrained=""       # a recipes/pretrain experiment folder: start from its weights, use its tokenizer
 jobs=$(nproc)       # processes for synthesis and shard encoding
@@ -49,9 +51,9 @@ split_name() { local base; base=$(basename "$1"); echo "${base%.*}"; }
 
 if [ -z "$train" ]; then
   train=$data/corpus/train.jsonl; valid=$data/corpus/dev.jsonl; test=$data/corpus/test.jsonl
-  demo=true
+  demo=true; [ -n "$config" ] || config=hparams/demo.yaml
 else
-  demo=false
+  demo=false; [ -n "$config" ] || config=hparams/small.yaml
   [ -n "$valid" ] || { echo "Error: --valid is required with --train" >&2; exit 2; }
   [ -n "$test" ] || { echo "Error: --test is required with --train" >&2; exit 2; }
 fi
@@ -81,7 +83,13 @@ text_field=$($python local/config_value.py "$config" text_field)
 prefix_tokens=$($python local/config_value.py "$config" prefix_tokens)
 tokenizer_dir=$data/tokenizer
 [ "$text_field" = text ] || tokenizer_dir=$data/tokenizer_$text_field
-tokenizer=$tokenizer_dir/${token_type}_${vocab_size}.model
+[ -n "$token_type" ] || token_type=$($python local/config_value.py "$config" token_type)
+[ -n "$vocab_size" ] || vocab_size=$($python local/config_value.py "$config" token_count)
+if [ "$token_type" = char ]; then  # every character of the text: the size is the text's
+  tokenizer=$tokenizer_dir/char.model; size_args=()
+else
+  tokenizer=$tokenizer_dir/${token_type}_${vocab_size}.model; size_args=(--vocab-size "$vocab_size")
+fi
 [ -z "$pretrained" ] || tokenizer=$pretrained/tokenizer.model  # token ids must match the weights
 if [ -n "$pretrained" ] && [ "$stage" -le 1 ] && [ "$stop_stage" -ge 1 ]; then
   log "Stage 1: tokenizer: the pretrained one, $tokenizer"
@@ -89,7 +97,7 @@ if [ -n "$pretrained" ] && [ "$stage" -le 1 ] && [ "$stop_stage" -ge 1 ]; then
 elif [ "$stage" -le 1 ] && [ "$stop_stage" -ge 1 ]; then
   log "Stage 1: tokenizer: $(shard_dir train "$train") ($text_field) -> $tokenizer"
   $python local/train_tokenizer.py "$(shard_dir train "$train")" "$tokenizer_dir" \
-    --vocab-size "$vocab_size" --model-type "$token_type" --text-field "$text_field" \
+    "${size_args[@]}" --model-type "$token_type" --text-field "$text_field" \
     --user-symbols "$prefix_tokens"
 fi
 
@@ -111,4 +119,5 @@ if [ "$stage" -le 3 ] && [ "$stop_stage" -ge 3 ]; then
   log "Stage 3: decode + score: $test_parquets -> $exp/results.json"
   $python recipes/finetune/train.py "${train_args[@]}" --do_train=False "${passthrough[@]}"
   $python local/results_table.py "$exp/results.json"
+  log "Learning curves (loss per term, validation WER / CER, learning rate per epoch): $exp/curves.png"
 fi

@@ -18,7 +18,8 @@ def test_run_sh_trains_decodes_and_scores_with_every_output(speech_shards, tmp_p
     the results table is printed."""
     exp = tmp_path / "exp"
     result = run_sh("--stage", "1", "--data", str(tmp_path / "data"), "--vocab_size", "60",
-                    "--exp", str(exp), *data_options(speech_shards), "--", "--number_of_epochs=4", *TINY)
+                    "--config", "hparams/demo.yaml", "--exp", str(exp), *data_options(speech_shards), "--",
+                    "--number_of_epochs=4", *TINY)
     for stage in ("Stage 1: tokenizer", "Stage 2: train", "Stage 3: decode + score"):
         assert stage in result.stderr
     assert "Stage 0" not in result.stderr
@@ -103,6 +104,18 @@ def test_config_errors_are_caught_before_any_work(speech_shards, tokenizer_file,
     assert not (tmp_path / "exp").exists()
 
 
+def test_training_stops_when_its_minutes_are_spent(speech_shards, tokenizer_file, tmp_path):
+    """train_minutes: training ends after the epoch that spends the budget (not number_of_epochs),
+    history.json records the minutes, and a rerun of the spent experiment trains no further epoch."""
+    argv = train_argv(speech_shards, tokenizer_file, tmp_path / "exp", "--number_of_epochs=3",
+                      "--train_minutes=0.001", "--do_test=False")
+    train.main(argv)
+    history = json.loads((tmp_path / "exp" / "history.json").read_text())
+    assert [r["epoch"] for r in history] == [1] and history[0]["minutes"] > 0
+    train.main(argv)
+    assert len(json.loads((tmp_path / "exp" / "history.json").read_text())) == 1
+
+
 @pytest.mark.parametrize("config", sorted(os.listdir(CONFIGS)))
 def test_every_config_builds_its_model(config, tokenizer_file):
     """Each shipped config (derived ones through their base) loads and builds its model."""
@@ -112,10 +125,12 @@ def test_every_config_builds_its_model(config, tokenizer_file):
 
 
 def test_run_sh_rejects_unknown_options_and_runs_only_the_chosen_stages(speech_shards, tmp_path):
-    """--bogus exits 2 with the usage; --stage 1 --stop_stage 1 trains the tokenizer and nothing else."""
+    """--bogus exits 2 with the usage; --stage 1 --stop_stage 1 trains the tokenizer and nothing else,
+    and with --train but no --config that is small.yaml's: characters, sized from the text."""
     bogus = run_sh("--bogus", "1", check=False)
     assert bogus.returncode == 2 and "unknown option --bogus" in bogus.stderr and "Usage:" in bogus.stderr
-    result = run_sh("--stage", "1", "--stop_stage", "1", "--data", str(tmp_path / "data"), "--vocab_size", "60",
+    result = run_sh("--stage", "1", "--stop_stage", "1", "--data", str(tmp_path / "data"),
                     "--exp", str(tmp_path / "exp"), *data_options(speech_shards))
     assert re.findall(r"Stage \d", result.stderr) == ["Stage 1"]
+    assert sorted(os.listdir(tmp_path / "data" / "tokenizer")) == ["char.model", "char.vocab"]
     assert (tmp_path / "data" / "tokenizer" / "bpe_60.model").is_file() and not (tmp_path / "exp").exists()
