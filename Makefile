@@ -5,7 +5,7 @@ VENV ?= .venv
 PY := $(VENV)/bin/python
 DEMO_DIR ?= data/demo
 
-.PHONY: setup system-packages demo demo-pretrain test bench clean-demo
+.PHONY: setup system-packages demo demo-pretrain open-corpus open test bench clean-demo
 
 setup: $(VENV)/.installed system-packages
 
@@ -15,9 +15,11 @@ $(VENV)/.installed: requirements.txt
 	$(PY) -m pip install --quiet -r requirements.txt
 	touch $@
 
-# espeak-ng synthesizes the demo corpus and the tests' speech.
+# espeak-ng synthesizes the demo corpus and the tests' speech; flite, festival and its voices add the
+# open corpus's other voices, bible-kjv its sentences.
 system-packages:
-	@bash local/install_system_packages.sh espeak-ng
+	@bash local/install_system_packages.sh espeak-ng flite festival festvox-kallpc16k festvox-kdlpc16k \
+		festvox-us-slt-hts bible-kjv
 
 # The demo finetunes from scratch: it fits 15 minutes on 2 cores. Pretraining first adds ~8 minutes
 # and does not pay on the demo yet (bench/pretrain_gain.py; README, Pretraining).
@@ -28,6 +30,16 @@ demo: setup
 demo-pretrain: setup
 	bash recipes/pretrain/run.sh --data $(DEMO_DIR)
 	bash recipes/finetune/run.sh --data $(DEMO_DIR) --pretrained exp/pretrain_demo --exp exp/finetune_demo_pretrained
+
+# The open-vocabulary corpus (2 h of Bible sentences, 29 voices; bench/learning.py trains on it) and
+# the default recipe for a user's corpus run on it: shards, tokenizer, training, test on seen and new voices.
+OPEN_DIR ?= data/open
+open-corpus: setup
+	$(PY) local/synth_corpus.py $(OPEN_DIR)/corpus --profile open
+
+open: open-corpus
+	bash recipes/finetune/run.sh --data $(OPEN_DIR) --train $(OPEN_DIR)/corpus/train.jsonl \
+		--valid $(OPEN_DIR)/corpus/dev.jsonl --test "$(OPEN_DIR)/corpus/test_seen.jsonl $(OPEN_DIR)/corpus/test_unseen.jsonl"
 
 test: setup
 	$(PY) -m pytest
