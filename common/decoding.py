@@ -18,9 +18,10 @@ from speechbrain.decoders.ctc import ctc_greedy_decode
 from speechbrain.decoders.scorer import CTCScorer, LengthScorer, ScorerBuilder
 from speechbrain.decoders.seq2seq import S2STransformerBeamSearcher
 
+from common.tokens import BLANK, BOS, EOS
+
 logger = logging.getLogger(__name__)
 
-BLANK_INDEX, BOS_INDEX, EOS_INDEX = 0, 1, 2
 
 
 def ctc_greedy(ctc_log_probs, wav_lens):
@@ -38,7 +39,7 @@ def ctc_greedy(ctc_log_probs, wav_lens):
     list of list of int
         One token id sequence per utterance.
     """
-    return ctc_greedy_decode(ctc_log_probs, wav_lens, blank_id=BLANK_INDEX)
+    return ctc_greedy_decode(ctc_log_probs, wav_lens, blank_id=BLANK)
 
 
 class JointCTCAttentionSearcher(S2STransformerBeamSearcher):
@@ -62,7 +63,7 @@ class JointCTCAttentionSearcher(S2STransformerBeamSearcher):
         """Decoder input before the first step: ``<s>`` and all prefix tokens but the last."""
         if not self.prefix_tokens:
             return None
-        start = torch.tensor([BOS_INDEX] + self.prefix_tokens[:-1], device=device)
+        start = torch.tensor([BOS] + self.prefix_tokens[:-1], device=device)
         return start.repeat(batch_size, 1)
 
     def _attn_weight_step(self, inp_tokens, memory, enc_states, enc_lens, attn, log_probs):
@@ -78,7 +79,7 @@ def build_scorer(ctc_lin, vocab_size, ctc_weight, length_bonus):
     """The SpeechBrain scorer adding CTC prefix scores and a per-token bonus; None if neither."""
     scorers, weights = [], {}
     if ctc_weight > 0.0:
-        scorers.append(CTCScorer(ctc_fc=ctc_lin, blank_index=BLANK_INDEX, eos_index=EOS_INDEX))
+        scorers.append(CTCScorer(ctc_fc=ctc_lin, blank_index=BLANK, eos_index=EOS))
         weights["ctc"] = ctc_weight
     if length_bonus != 0.0:
         scorers.append(LengthScorer(vocab_size=vocab_size))
@@ -136,8 +137,8 @@ def build_beam_searcher(
     vocab_size = model.seq_lin.w.out_features
     return JointCTCAttentionSearcher(
         modules=[model.transformer, model.seq_lin],
-        bos_index=BOS_INDEX,
-        eos_index=EOS_INDEX,
+        bos_index=BOS,
+        eos_index=EOS,
         min_decode_ratio=0.0,
         max_decode_ratio=max_decode_ratio,
         beam_size=beam_size,

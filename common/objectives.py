@@ -14,9 +14,10 @@ import torch
 from speechbrain.nnet.losses import ctc_loss, nll_loss
 from speechbrain.utils.Accuracy import Accuracy
 
+from common.tokens import BLANK
+
 logger = logging.getLogger(__name__)
 
-BLANK_INDEX = 0  # tokenizer contract: <blank> is id 0, also the padding index
 
 
 def drop_prefix(tokens, rel_lens, num_tokens):
@@ -96,7 +97,7 @@ def joint_ctc_attention_loss(
     seq_log_probs, tokens_eos_lens = drop_prefix(
         seq_log_probs, tokens_eos_lens, ignore_prefix_tokens
     )
-    ctc = ctc_loss(ctc_log_probs, tokens, wav_lens, tokens_lens, BLANK_INDEX)
+    ctc = ctc_loss(ctc_log_probs, tokens, wav_lens, tokens_lens, BLANK)
     decoder = sequence_loss(seq_log_probs, tokens_eos, tokens_eos_lens, label_smoothing)
     return {
         "loss": (1.0 - dec_weight) * ctc + dec_weight * decoder["loss"],

@@ -16,6 +16,8 @@ import math
 import numpy as np
 import torch
 
+from common.tokens import BLANK
+
 
 def poisson_span_lengths(num_to_mask, poisson_lambda, rng):
     """Span lengths ~ Poisson(λ) drawn until they cover ``num_to_mask`` tokens; the last is trimmed
@@ -142,7 +144,7 @@ class TextNoiser:
         return np.concatenate([sentences[i] for i in order])
 
 
-def noise_batch(noiser, tokens, rel_lens, rng, pad_id=0):
+def noise_batch(noiser, tokens, rel_lens, rng, pad_id=BLANK):
     """Noise each sequence of a padded batch; returns (padded LongTensor, relative lengths).
 
     ``tokens`` [batch, length] padded with ``pad_id``; ``rel_lens`` relative lengths [batch].

@@ -22,10 +22,10 @@ import torch
 from speechbrain.dataio.batch import PaddedBatch
 
 from common.audio import SAMPLE_RATE
+from common.tokens import BLANK, BOS, EOS
 
 logger = logging.getLogger(__name__)
 
-BOS_ID, EOS_ID, PAD_ID = 1, 2, 0  # tokenizer contract: 0 = <blank>/pad, 1 = <s>, 2 = </s>
 
 
 def keep_duration(durations, min_duration=0.0, max_duration=float("inf")):
@@ -101,8 +101,8 @@ def token_fields(tokens, prefix=""):
     tokens = torch.as_tensor(tokens, dtype=torch.long)
     return {
         f"{prefix}tokens": tokens,
-        f"{prefix}tokens_bos": torch.cat([torch.tensor([BOS_ID]), tokens]),
-        f"{prefix}tokens_eos": torch.cat([tokens, torch.tensor([EOS_ID])]),
+        f"{prefix}tokens_bos": torch.cat([torch.tensor([BOS]), tokens]),
+        f"{prefix}tokens_eos": torch.cat([tokens, torch.tensor([EOS])]),
     }
 
 
@@ -123,7 +123,7 @@ def collate(samples, features=None):
     if features is not None:
         with torch.no_grad():
             samples = [with_features(sample, features) for sample in samples]
-    return PaddedBatch(samples, padding_kwargs={"value": PAD_ID})
+    return PaddedBatch(samples, padding_kwargs={"value": BLANK})
 
 
 def with_features(sample, features):

@@ -19,8 +19,9 @@ from speechbrain.dataio.batch import PaddedBatch
 
 from common.data.batching import buffered_batches, check_budget
 from common.data.config import TextLoaderConfig
-from common.data.pipeline import PAD_ID, Tokenizer, token_fields
+from common.data.pipeline import Tokenizer, token_fields
 from common.data.stream import BatchStream
+from common.tokens import BLANK
 
 logger = logging.getLogger(__name__)
 
@@ -86,7 +87,7 @@ class TextLoader(BatchStream):
              **token_fields(self.tgt_tokens[r])}
             for r in rows
         ]
-        return PaddedBatch(samples, padding_kwargs={"value": PAD_ID})
+        return PaddedBatch(samples, padding_kwargs={"value": BLANK})
 
 
 def make_text_loader(parquets, tokenizer, config, seed=0, rank=0, world_size=1, text_column="text",

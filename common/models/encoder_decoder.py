@@ -26,9 +26,10 @@ from typing import NamedTuple, Optional
 
 import torch
 
+from common.tokens import BLANK
+
 logger = logging.getLogger(__name__)
 
-PAD_INDEX = 0  # tokenizer contract: 0 is <blank>, the CTC blank and the padding index
 
 
 class EncoderDecoderOutput(NamedTuple):
@@ -121,7 +122,7 @@ class SpeechEncoderDecoder(torch.nn.Module):
     def encode(self, wavs, wav_lens, epoch=None):
         """Waveforms [batch, samples] at 16 kHz → encoder states [batch, frames, d_model]."""
         src = self.frontend(self.extract_features(wavs, wav_lens, epoch))
-        return self.transformer.encode(src, wav_lens, pad_idx=PAD_INDEX)
+        return self.transformer.encode(src, wav_lens, pad_idx=BLANK)
 
     def ctc_log_probs(self, enc_states):
         """Encoder states → CTC log-probabilities [batch, frames, vocab]."""
@@ -130,6 +131,6 @@ class SpeechEncoderDecoder(torch.nn.Module):
     def forward(self, wavs, wav_lens, tokens_bos, epoch=None) -> EncoderDecoderOutput:
         """Teacher-forced pass: both heads' log-probs given ``tokens_bos`` ([bos] + tokens)."""
         src = self.frontend(self.extract_features(wavs, wav_lens, epoch))
-        enc_states, dec_states = self.transformer(src, tokens_bos, wav_lens, pad_idx=PAD_INDEX)
+        enc_states, dec_states = self.transformer(src, tokens_bos, wav_lens, pad_idx=BLANK)
         seq_log_probs = torch.log_softmax(self.seq_lin(dec_states), dim=-1)
         return EncoderDecoderOutput(self.ctc_log_probs(enc_states), seq_log_probs, enc_states)

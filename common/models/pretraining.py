@@ -21,7 +21,7 @@ from typing import NamedTuple
 import torch
 from speechbrain.lobes.models.transformer.TransformerASR import make_transformer_src_tgt_masks
 
-from common.models.encoder_decoder import PAD_INDEX
+from common.tokens import BLANK
 
 logger = logging.getLogger(__name__)
 
@@ -61,7 +61,7 @@ def encode_embedded(transformer, src, rel_lens):
     Returns (encoder states, key padding mask [batch, frames], True on padding).
     """
     padding_mask, _, src_mask, _ = make_transformer_src_tgt_masks(
-        src, None, rel_lens, pad_idx=PAD_INDEX, causal=transformer.causal)
+        src, None, rel_lens, pad_idx=BLANK, causal=transformer.causal)
     pos_embs = None
     if transformer.attention_type == "RelPosMHAXL":
         pos_embs = transformer.positional_encoding(src)
@@ -79,7 +79,7 @@ def decode_teacher_forced(transformer, tokens_bos, enc_states, enc_padding_mask)
     inference step): causal target mask, token padding mask, positions by attention type.
     """
     _, tgt_padding_mask, _, tgt_mask = make_transformer_src_tgt_masks(
-        enc_states, tokens_bos, None, pad_idx=PAD_INDEX)
+        enc_states, tokens_bos, None, pad_idx=BLANK)
     tgt = transformer.custom_tgt_module(tokens_bos)
     if transformer.attention_type in ("RelPosMHAXL", "RoPEMHA"):
         tgt = tgt + transformer.positional_encoding_decoder(tgt)
