@@ -18,23 +18,20 @@ import argparse
 import json
 import logging
 import resource
-import sys
 import tempfile
-import tracemalloc
 import time
+import tracemalloc
 from multiprocessing import get_context
 from pathlib import Path
 
 import numpy as np
 import torch
+from speechbrain.lobes.features import Fbank
 
-sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
-from speechbrain.lobes.features import Fbank  # noqa: E402
-
-from common.data import SpeechLoaderConfig, make_speech_loader  # noqa: E402
-from common.data.audio import BadDataCounts, decoded_audio  # noqa: E402
-from common.data.metadata import read_speech_metadata  # noqa: E402
-from tests.common.data.conftest import train_tiny_tokenizer, write_shards  # noqa: E402  (contract-exact)
+from common.data import SpeechLoaderConfig, make_speech_loader
+from common.data.audio import BadDataCounts, decoded_audio
+from common.data.metadata import read_speech_metadata
+from common.data.synthetic import train_tiny_tokenizer, write_shards
 
 logger = logging.getLogger(__name__)
 torch.set_num_threads(1)  # one core per process, as dataloader workers run

@@ -13,10 +13,15 @@ import numpy as np
 import pyarrow as pa
 import pyarrow.parquet as pq
 
+from common.shard_format import CARRIED_COLUMNS, METADATA_SCHEMA
+
 logger = logging.getLogger(__name__)
 
-SPEECH_COLUMNS = ["sample_key", "text", "duration", "shard_name", "opus_offset"]
-TEXT_COLUMNS = ("text", "speaker", "lang", "source")  # text fields that are parquet columns
+SPEECH_COLUMNS = ["sample_key", "text", "duration", "shard_name", "opus_offset"]  # what planning reads
+TEXT_COLUMNS = ("text", *CARRIED_COLUMNS, "source")  # text fields that are parquet columns
+_unknown = set(SPEECH_COLUMNS + list(TEXT_COLUMNS)) - set(METADATA_SCHEMA.names)
+if _unknown:  # pragma: no cover - a programming error caught at import
+    raise ImportError(f"metadata readers name columns {sorted(_unknown)} that common/shard_format.py does not write")
 
 
 @dataclass

@@ -4,7 +4,8 @@ The main process plans the epoch from metadata (``planning.plan_epoch``); each d
 whole shards, streams them front to back, keeps the Opus bytes of the utterances of its remaining
 planned batches, decodes each when its batch is made, and yields ready collated batches
 (``batch_size=None``: one pickled batch per step between processes, not one tensor per utterance).
-Torch's DataLoader takes batches from its workers round-robin and every worker yields the same number of batches, so the order inside a rank is fixed by the plan.
+Torch's DataLoader takes batches from its workers round-robin and every worker yields the same
+number of batches, so the order inside a rank is fixed by the plan.
 """
 
 import logging
@@ -159,6 +160,11 @@ class SpeechLoader(BatchStream):
     def used_keys(self):
         """Sample keys this loader trains on (its filters passed), in metadata order."""
         return self.metadata.keys[self.used_rows()].tolist()
+
+    def used_utterances(self):
+        """``(durations in s, transcripts)`` of the utterances this loader trains on, in metadata order."""
+        used = self.used_rows()
+        return self.metadata.durations[used], list(self.metadata.texts[used])
 
     def plan(self, epoch):
         """(rank plan, speed per row) of ``epoch``, cached for the current epoch only."""

@@ -38,13 +38,14 @@ usage="Usage: $0 [--stage N] [--stop_stage N] [--data DIR] [--train PATH] [--val
        [-- train.py overrides]"
 . local/parse_options.sh
 . local/launch_training.sh
+. local/shard_paths.sh
 # On a CPU shared with other jobs, run with OMP_WAIT_POLICY=PASSIVE (or GOMP_SPINCOUNT=1000): the
 # spinning OpenMP threads of two processes starve each other (a demo training step measured 3 instead
 # of 135 audio-s/s beside another training job). Alone, spinning is ~2x faster, hence not the default.
 
 # shard_dir NAME PATH: where the shards of a corpus live (PATH itself when it is a shard folder).
 shard_dir() {
-  if [ -f "$2/metadata_pool.parquet" ]; then echo "$2"; else echo "$data/shards/$1"; fi
+  if is_shard_dir "$2"; then echo "$2"; else echo "$data/shards/$1"; fi
 }
 # split_name PATH: a short name for a corpus, from its file or folder name.
 split_name() { local base; base=$(basename "$1"); echo "${base%.*}"; }
@@ -103,11 +104,11 @@ fi
 
 test_parquets=""
 for path in $test; do
-  test_parquets+="${test_parquets:+, }$(shard_dir "$(split_name "$path")" "$path")/metadata_pool.parquet"
+  test_parquets+="${test_parquets:+, }$(pool_parquet "$(shard_dir "$(split_name "$path")" "$path")")"
 done
 train_args=("$config" "--output_folder=$exp" "--tokenizer_file=$tokenizer"
-  "--train_parquet=$(shard_dir train "$train")/metadata_pool.parquet"
-  "--valid_parquet=$(shard_dir valid "$valid")/metadata_pool.parquet" "--test_parquets=[$test_parquets]")
+  "--train_parquet=$(pool_parquet "$(shard_dir train "$train")")"
+  "--valid_parquet=$(pool_parquet "$(shard_dir valid "$valid")")" "--test_parquets=[$test_parquets]")
 [ -z "$pretrained" ] || train_args+=("--pretrained=$pretrained")
 
 if [ "$stage" -le 2 ] && [ "$stop_stage" -ge 2 ]; then

@@ -11,24 +11,21 @@ beam search (WER/CER with alignments, BLEU for translation) into ``results.json`
 ``do_train`` / ``do_test`` choose the phases (run.sh stages 2 and 3).
 """
 
+import logging
 import os
 import sys
 
-sys.path.insert(0, os.path.join(os.path.dirname(os.path.abspath(__file__)), "..", ".."))
+import speechbrain as sb
 
-import logging  # noqa: E402
-
-import speechbrain as sb  # noqa: E402
-
-from common.data import SpeechLoaderConfig, Tokenizer, make_speech_loader, speech_input  # noqa: E402
-from common.decoding import beam_search, build_beam_searcher, ctc_greedy, ids_to_text  # noqa: E402
-from common.feasibility import ctc_feasibility, warn_if_infeasible  # noqa: E402
-from common.evaluation import average_best_checkpoints, record_results  # noqa: E402
-from common.metrics import TranscriptMetrics  # noqa: E402
-from common.models.transfer import check_same_tokenizer, load_pretrained  # noqa: E402
-from common.objectives import joint_ctc_attention_loss  # noqa: E402
-from common.recipe import prepare_experiment  # noqa: E402
-from common.brain import RecipeBrain, rank_and_world_size  # noqa: E402
+from common.brain import RecipeBrain, rank_and_world_size
+from common.data import SpeechLoaderConfig, Tokenizer, make_speech_loader, speech_input
+from common.decoding import beam_search, build_beam_searcher, ctc_greedy, ids_to_text
+from common.evaluation import average_best_checkpoints, record_results
+from common.feasibility import ctc_feasibility, warn_if_infeasible
+from common.metrics import TranscriptMetrics
+from common.models.transfer import check_same_tokenizer, load_pretrained
+from common.objectives import joint_ctc_attention_loss
+from common.recipe import prepare_experiment
 
 logger = logging.getLogger(__name__)
 
@@ -150,7 +147,8 @@ def speech_loader(hparams, parquet, training, rank=0, world_size=1):
     """A loader over ``parquet`` as the ``train_loader`` block says (this rank's share), or as the
     ``eval_loader`` block says (every utterance; results are written by the main process)."""
     block = "train_loader" if training else "eval_loader"
-    loader = make_speech_loader(parquet, hparams["tokenizer_file"], SpeechLoaderConfig.from_config(hparams[block], block),
+    config = SpeechLoaderConfig.from_config(hparams[block], block)
+    loader = make_speech_loader(parquet, hparams["tokenizer_file"], config,
                                 seed=hparams["seed"], rank=rank, world_size=world_size,
                                 fbank=hparams["graph"]["compute_features"], text_field=hparams["text_field"],
                                 prefix_tokens=hparams["prefix_tokens"])
@@ -161,9 +159,9 @@ def speech_loader(hparams, parquet, training, rank=0, world_size=1):
 def check_ctc_alignment(loader, tokenizer, model):
     """Warn, with the numbers and the setting to change, when CTC cannot align (or barely aligns)
     the training transcripts with the encoder's frame rate (``common.feasibility``)."""
-    used = loader.used_rows()
-    report = ctc_feasibility(loader.metadata.durations[used], tokenizer.encode(list(loader.metadata.texts[used])),
-                             model.frames_per_second(), fastest_speed=max(loader.config.speed_perturb or [1.0]))
+    durations, texts = loader.used_utterances()
+    report = ctc_feasibility(durations, tokenizer.encode(texts), model.frames_per_second(),
+                             fastest_speed=max(loader.config.speed_perturb or [1.0]))
     warn_if_infeasible(report, "training data")
     return report
 
@@ -212,8 +210,9 @@ def main(argv):
                   speech_loader(hparams, hparams["valid_parquet"], False))
     if hparams["do_test"]:
         for parquet in hparams["test_parquets"]:
-            brain.split = split_name(parquet)
-            brain.evaluate(speech_loader(hparams, parquet, False), **brain.ranking())
+            test_loader = speech_loader(hparams, parquet, False)
+            brain.split = test_loader.name  # names its results, alignments and log line
+            brain.evaluate(test_loader, **brain.ranking())
 
 
 if __name__ == "__main__":

@@ -40,6 +40,7 @@ usage="Usage: $0 [--stage N] [--stop_stage N] [--data DIR] [--train SHARDS] [--v
        [--nproc_per_node N] [--torchrun_args \"...\"] [-- train.py overrides]"
 . local/parse_options.sh
 . local/launch_training.sh
+. local/shard_paths.sh
 
 if [ -z "$train" ]; then
   train=$data/shards/train; valid=$data/shards/valid; demo=true
@@ -61,7 +62,7 @@ if [ "$stage" -le 0 ] && [ "$stop_stage" -ge 0 ]; then
     bash recipes/finetune/run.sh --stage 0 --stop_stage 0 --data "$data" --jobs "$jobs"
   fi
   for split in "$train" $valid; do
-    [ -f "$split/metadata_pool.parquet" ] || { echo "Error: $split is not a shard folder: make it with" \
+    is_shard_dir "$split" || { echo "Error: $split is not a shard folder: make it with" \
       "local/make_shards.py (or recipes/finetune/run.sh --stage 0 --stop_stage 0)" >&2; exit 2; }
   done
   if [ -n "$text" ] && [ "$(text_parquet mono "$text")" != "$text" ]; then
@@ -94,10 +95,10 @@ fi
 
 if [ "$stage" -le 3 ] && [ "$stop_stage" -ge 3 ]; then
   train_args=("$config" "--output_folder=$exp" "--tokenizer_file=$tokenizer"
-    "--speech_parquets=[$train/metadata_pool.parquet]" "--units_dirs=[$units]")
+    "--speech_parquets=[$(pool_parquet "$train")]" "--units_dirs=[$units]")
   [ -z "$text" ] || train_args+=("--text_parquets=[$(text_parquet mono "$text")]")
   [ -z "$pairs" ] || train_args+=("--paired_parquets=[$(text_parquet pairs "$pairs")]")
-  [ -z "$valid" ] || train_args+=("--valid_parquet=$valid/metadata_pool.parquet"
+  [ -z "$valid" ] || train_args+=("--valid_parquet=$(pool_parquet "$valid")"
     "--valid_units_dir=$data/units/$(basename "$valid")")
   log "Stage 3: pretrain: $train + ${text:-no text} + ${pairs:-no pairs} -> $exp"
   launch_training recipes/pretrain/train.py "${train_args[@]}" "${passthrough[@]}"

@@ -18,26 +18,30 @@ finetuning loads), the feature statistics, the pretraining heads, the optimizer 
 position. The tokenizer is copied into the experiment folder: finetuning must use the same one.
 """
 
+import logging
 import os
+import shutil
 import sys
+from collections import defaultdict
 
-sys.path.insert(0, os.path.join(os.path.dirname(os.path.abspath(__file__)), "..", ".."))
+import numpy as np
+import speechbrain as sb
 
-import logging  # noqa: E402
-import shutil  # noqa: E402
-from collections import defaultdict  # noqa: E402
-
-import numpy as np  # noqa: E402
-import speechbrain as sb  # noqa: E402
-
-from common.data import (MixedLoader, SpeechLoaderConfig, TextLoaderConfig, Tokenizer, make_speech_loader,  # noqa: E402
-                         make_text_loader, speech_input)
-from common.data.units import read_units, units_at_frames  # noqa: E402
-from common.masking import mask_spans  # noqa: E402
-from common.objectives import masked_unit_loss, sequence_loss  # noqa: E402
-from common.recipe import prepare_experiment  # noqa: E402
-from common.text_noising import TextNoiser, noise_batch, ordinary_piece_ids  # noqa: E402
-from common.brain import RecipeBrain, rank_and_world_size  # noqa: E402
+from common.brain import RecipeBrain, rank_and_world_size
+from common.data import (
+    MixedLoader,
+    SpeechLoaderConfig,
+    TextLoaderConfig,
+    Tokenizer,
+    make_speech_loader,
+    make_text_loader,
+    speech_input,
+)
+from common.data.units import read_units, units_at_frames
+from common.masking import mask_spans
+from common.objectives import masked_unit_loss, sequence_loss
+from common.recipe import prepare_experiment
+from common.text_noising import TextNoiser, noise_batch, ordinary_piece_ids
 
 logger = logging.getLogger(__name__)
 
@@ -113,7 +117,8 @@ def speech_loader(hparams, parquets, training, rank=0, world_size=1):
     """Speech batches (texts unused): this rank's share as the ``speech_loader`` block says, or every
     utterance as the ``eval_loader`` block says."""
     block = "speech_loader" if training else "eval_loader"
-    return make_speech_loader(parquets, hparams["tokenizer_file"], SpeechLoaderConfig.from_config(hparams[block], block),
+    config = SpeechLoaderConfig.from_config(hparams[block], block)
+    return make_speech_loader(parquets, hparams["tokenizer_file"], config,
                               seed=hparams["seed"], rank=rank, world_size=world_size,
                               fbank=hparams["graph"]["compute_features"])
 

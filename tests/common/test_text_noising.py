@@ -105,8 +105,8 @@ def test_random_replacements_never_use_special_symbols(tmp_path):
     """ordinary_piece_ids leaves out <blank>, <s>, </s>, <unk> and user symbols such as <mask>, <en>."""
     import sentencepiece
 
+    from common.data.synthetic import train_tiny_tokenizer
     from common.text_noising import ordinary_piece_ids
-    from tests.common.data.conftest import train_tiny_tokenizer
     processor = sentencepiece.SentencePieceProcessor(model_file=str(train_tiny_tokenizer(tmp_path)))
     ids = ordinary_piece_ids(processor)
     assert not {0, 1, 2, 3, processor.piece_to_id("<en>"), processor.piece_to_id("<fr>")} & set(ids)

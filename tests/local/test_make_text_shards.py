@@ -6,8 +6,8 @@ import pyarrow.parquet as pq
 import pytest
 
 from common.data import TextLoaderConfig, make_text_loader
+from common.data.synthetic import train_tiny_tokenizer
 from local import make_text_shards
-from tests.common.data.conftest import train_tiny_tokenizer
 from tests.local.test_extract_units import kill_at_rename, run_to_the_end, temporary_files
 
 PAIRED_LINES = [

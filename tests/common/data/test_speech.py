@@ -53,7 +53,7 @@ def test_resume_continues_with_exactly_the_next_batch(tone_shards, tokenizer_mod
     full = epoch_keys(make())
     interrupted = make()
     checkpointer = Checkpointer(tmp_path, {"loader": interrupted})
-    for k, batch in enumerate(interrupted, start=1):
+    for k, _ in enumerate(interrupted, start=1):
         if k == 3:
             break
     checkpointer.save_checkpoint()
@@ -109,11 +109,12 @@ def test_text_field_reads_a_key_of_the_extra_json_and_the_prefix_token_leads_the
     """text_field="translation" makes the batch text and tokens the translation; prefix_tokens=["<fr>"]
     puts the tag's id first in tokens (so tokens_bos = [1, tag, ...]); the plain text stays untagged."""
     from common.data import Tokenizer
-    from tests.common.data.conftest import write_shards
+    from common.data.synthetic import write_shards
 
     parquet = write_shards(tmp_path, [5, 4], carried=reversed_translation)
     tokenizer = Tokenizer(tokenizer_model)
-    plain = {k: t for b in make_speech_loader(parquet, tokenizer, SpeechLoaderConfig(5.0)) for k, t in zip(b.id, b.text)}
+    batches = make_speech_loader(parquet, tokenizer, SpeechLoaderConfig(5.0))
+    plain = {k: t for b in batches for k, t in zip(b.id, b.text)}
     loader = make_speech_loader(parquet, tokenizer, SpeechLoaderConfig(5.0), text_field="translation",
                                 prefix_tokens=["<fr>"])
     tag = tokenizer.piece_id("<fr>")
@@ -130,7 +131,7 @@ def test_samples_without_the_text_field_are_left_out_and_an_unknown_field_names_
     """Rows lacking the chosen field are not batched; a field no row has is an error listing fields."""
     import pytest
 
-    from tests.common.data.conftest import write_shards
+    from common.data.synthetic import write_shards
 
     parquet = write_shards(tmp_path, [6], carried=lambda text: reversed_translation(text) if "a" in text else {})
     loader = make_speech_loader(parquet, tokenizer_model, SpeechLoaderConfig(5.0), text_field="translation")

@@ -5,7 +5,7 @@ import pyarrow.parquet as pq
 import pytest
 
 from common.data import TextLoaderConfig, make_text_loader
-from tests.common.data.conftest import WORDS
+from common.data.synthetic import WORDS
 
 
 @pytest.fixture(scope="module")
@@ -35,6 +35,7 @@ def test_paired_batches_carry_tags_and_respect_the_token_budget(pairs_parquet, t
 
 def test_mono_text_ranks_get_equal_batches_and_disjoint_keys(pairs_parquet, tokenizer_model):
     """Two ranks: same batch count, no key on both ranks."""
-    loaders = [make_text_loader(pairs_parquet, tokenizer_model, TextLoaderConfig(60), rank=r, world_size=2) for r in (0, 1)]
+    loaders = [make_text_loader(pairs_parquet, tokenizer_model, TextLoaderConfig(60), rank=r, world_size=2)
+               for r in (0, 1)]
     keys = [{k for batch in loader for k in batch.id} for loader in loaders]
     assert len(loaders[0]) == len(loaders[1]) and not keys[0] & keys[1]
