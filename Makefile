@@ -9,10 +9,12 @@ DEMO_DIR ?= data/demo
 
 setup: $(VENV)/.installed system-packages
 
-$(VENV)/.installed: requirements.txt
+# The pinned dependencies, then the project itself (editable): scripts import common, local, recipes.
+$(VENV)/.installed: requirements.txt pyproject.toml
 	$(PYTHON) -m venv $(VENV)
 	$(PY) -m pip install --quiet --upgrade pip
 	$(PY) -m pip install --quiet -r requirements.txt
+	$(PY) -m pip install --quiet --no-deps -e .
 	touch $@
 
 # espeak-ng synthesizes the demo corpus and the tests' speech; flite, festival and its voices add the
@@ -41,7 +43,9 @@ open: open-corpus
 	bash recipes/finetune/run.sh --data $(OPEN_DIR) --train $(OPEN_DIR)/corpus/train.jsonl \
 		--valid $(OPEN_DIR)/corpus/dev.jsonl --test "$(OPEN_DIR)/corpus/test_seen.jsonl $(OPEN_DIR)/corpus/test_unseen.jsonl"
 
+# ruff first (pyproject.toml: the rules and the 120-character lines the code keeps), then the tests.
 test: setup
+	$(PY) -m ruff check .
 	$(PY) -m pytest
 
 bench: setup

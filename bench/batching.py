@@ -16,16 +16,12 @@ import argparse
 import json
 import logging
 import random
-import sys
 import time
-from pathlib import Path
 
 import numpy as np
+from speechbrain.dataio.iterators import dynamic_bucketed_batch
 
-sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
-from speechbrain.dataio.iterators import dynamic_bucketed_batch  # noqa: E402
-
-from common.data.batching import buffered_batches, padding_percent, sorted_oracle_batches  # noqa: E402
+from common.data.batching import buffered_batches, padding_percent, sorted_oracle_batches
 
 logger = logging.getLogger(__name__)
 BUDGET = 200.0  # s of padded audio per batch (default of --budget)

@@ -19,8 +19,7 @@ import sys
 import tempfile
 import time
 
-sys.path.insert(0, os.path.join(os.path.dirname(os.path.abspath(__file__)), ".."))
-from common.audio import encode_opus, read_audio  # noqa: E402
+from common.audio import encode_opus, read_audio
 
 REPO = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 

@@ -37,12 +37,12 @@ import numpy as np
 import soundfile as sf
 import torch
 
+from common.atomic import atomic_write_text
+from common.audio import SAMPLE_RATE
+from common.parallel import process_pool
+from recipes.finetune import train
+
 REPO = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
-sys.path.insert(0, REPO)
-from common.atomic import atomic_write_text  # noqa: E402
-from common.audio import SAMPLE_RATE  # noqa: E402
-from common.parallel import process_pool  # noqa: E402
-from recipes.finetune import train  # noqa: E402
 
 logger = logging.getLogger("gpu_check")
 

@@ -28,9 +28,9 @@ import time
 import numpy as np
 import pyarrow.parquet as pq
 
+from common.evaluation import read_results
+
 REPO = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
-sys.path.insert(0, REPO)
-from common.evaluation import read_results  # noqa: E402
 
 
 def parse_args(argv=None):

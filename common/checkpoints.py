@@ -35,9 +35,9 @@ def pending_name(path):
 class AtomicCheckpointer(Checkpointer):
     """A ``Checkpointer`` whose checkpoints appear only once complete (see the module docstring)."""
 
-    def _save_checkpoint_metafile(self, fpath, meta_to_include={}, end_of_epoch=True):
+    def _save_checkpoint_metafile(self, fpath, meta_to_include=None, end_of_epoch=True):
         """Write the meta file under its pending name; ``save_checkpoint`` publishes it."""
-        return super()._save_checkpoint_metafile(pending_name(fpath), meta_to_include, end_of_epoch)
+        return super()._save_checkpoint_metafile(pending_name(fpath), meta_to_include or {}, end_of_epoch)
 
     def save_checkpoint(self, *args, **kwargs):
         """Save as SpeechBrain does, then rename the meta file into place (main process)."""

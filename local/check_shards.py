@@ -19,10 +19,9 @@ import tarfile
 
 import pyarrow.compute
 
-sys.path.insert(0, os.path.join(os.path.dirname(os.path.abspath(__file__)), ".."))
-from common.audio import SAMPLE_RATE, decode_opus  # noqa: E402
-from common.parallel import process_pool  # noqa: E402
-from common.shard_format import CORE_PARQUET, METADATA_SCHEMA, POOL_PARQUET, read_metadata  # noqa: E402
+from common.audio import SAMPLE_RATE, decode_opus
+from common.parallel import process_pool
+from common.shard_format import CORE_PARQUET, METADATA_SCHEMA, POOL_PARQUET, read_metadata
 
 logger = logging.getLogger("check_shards")
 DURATION_TOLERANCE_S = 0.020

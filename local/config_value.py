@@ -9,11 +9,9 @@ values are read (no !ref resolution): the keys run.sh needs before training are 
 """
 
 import argparse
-import os
 import sys
 
-sys.path.insert(0, os.path.join(os.path.dirname(os.path.abspath(__file__)), ".."))
-from common.recipe import ConfigError, read_yaml_tree, resolve_derived_config  # noqa: E402
+from common.recipe import ConfigError, read_yaml_tree, resolve_derived_config
 
 
 def config_value(config, key):

@@ -34,13 +34,11 @@ import numpy as np
 import pyarrow as pa
 import pyarrow.parquet as pq
 
-sys.path.insert(0, os.path.join(os.path.dirname(os.path.abspath(__file__)), ".."))
-from common.atomic import atomic_path, atomic_write_text, remove_temporaries  # noqa: E402
-from common.data.audio import BadDataCounts, decoded_audio  # noqa: E402
-from common.data.units import (KMEANS_CENTERS, KMEANS_JSON, UNITS_PARQUET,  # noqa: E402
-                               UNITS_SCHEMA, read_kmeans_info)
-from common.parallel import process_pool  # noqa: E402
-from common.shard_format import read_metadata  # noqa: E402
+from common.atomic import atomic_path, atomic_write_text, remove_temporaries
+from common.data.audio import BadDataCounts, decoded_audio
+from common.data.units import KMEANS_CENTERS, KMEANS_JSON, UNITS_PARQUET, UNITS_SCHEMA, read_kmeans_info
+from common.parallel import process_pool
+from common.shard_format import read_metadata
 
 logger = logging.getLogger("extract_units")
 PARTS = "parts"

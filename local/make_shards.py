@@ -30,15 +30,21 @@ import os
 import sys
 import time
 
-sys.path.insert(0, os.path.join(os.path.dirname(os.path.abspath(__file__)), ".."))
-from tqdm import tqdm  # noqa: E402
+from tqdm import tqdm
 
-from common.atomic import atomic_write_text  # noqa: E402
-from common.parallel import process_pool  # noqa: E402
-from common.audio import SAMPLE_RATE, AudioError, encode_opus, read_audio  # noqa: E402
-from common.shard_format import (CORE_PARQUET, POOL_PARQUET, SHARD_NAME_FORMAT,  # noqa: E402
-                                 ShardWriter, metadata_row, sample_json, write_metadata)
-from local.corpus_readers import FORMATS, make_reject, read_corpus  # noqa: E402
+from common.atomic import atomic_write_text
+from common.audio import SAMPLE_RATE, AudioError, encode_opus, read_audio
+from common.parallel import process_pool
+from common.shard_format import (
+    CORE_PARQUET,
+    POOL_PARQUET,
+    SHARD_NAME_FORMAT,
+    ShardWriter,
+    metadata_row,
+    sample_json,
+    write_metadata,
+)
+from local.corpus_readers import FORMATS, make_reject, read_corpus
 
 logger = logging.getLogger("make_shards")
 PARTS = ".parts"

@@ -31,8 +31,7 @@ import sys
 import pyarrow as pa
 import pyarrow.parquet as pq
 
-sys.path.insert(0, os.path.join(os.path.dirname(os.path.abspath(__file__)), ".."))
-from common.atomic import atomic_path, atomic_write_text, remove_temporaries  # noqa: E402
+from common.atomic import atomic_path, atomic_write_text, remove_temporaries
 
 logger = logging.getLogger("make_text_shards")
 

@@ -8,8 +8,7 @@ import argparse
 import os
 import sys
 
-sys.path.insert(0, os.path.join(os.path.dirname(os.path.abspath(__file__)), ".."))
-from common.evaluation import format_results_table  # noqa: E402
+from common.evaluation import format_results_table
 
 
 def main(argv=None):

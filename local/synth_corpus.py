@@ -29,17 +29,15 @@ import json
 import logging
 import os
 import subprocess
-import sys
 
 import numpy as np
 import soundfile as sf
 
-sys.path.insert(0, os.path.join(os.path.dirname(os.path.abspath(__file__)), ".."))
-from common.audio import SAMPLE_RATE, to_mono_rate  # noqa: E402
-from common.atomic import atomic_write_text  # noqa: E402
-from common.parallel import process_pool  # noqa: E402
-from local import acoustics, open_corpus  # noqa: E402
-from local.voices import check_engines  # noqa: E402
+from common.atomic import atomic_write_text
+from common.audio import SAMPLE_RATE, to_mono_rate
+from common.parallel import process_pool
+from local import acoustics, open_corpus
+from local.voices import check_engines
 
 logger = logging.getLogger("synth_corpus")
 

@@ -5,9 +5,10 @@
     python local/train_tokenizer.py SHARD_DIR OUT_DIR --model-type char
 
 Writes OUT_DIR/{model_type}_{vocab_size}.model and .vocab (OUT_DIR/char.model for characters: every
-character of the text is a piece, so the size follows from the text; a --vocab-size given is checked). Ids are fixed so the recipes can rely on
-them: 0 = <blank> (padding and the CTC blank), 1 = <s>, 2 = </s>, 3 = <unk>, then the --user-symbols
-(language tags, <mask>, ...), then the learned pieces. Training is deterministic: the same texts and
+character of the text is a piece, so the size follows from the text; a --vocab-size given is
+checked). Ids are fixed so the recipes can rely on them (common/tokens.py): 0 = <blank> (padding
+and the CTC blank), 1 = <s>, 2 = </s>, 3 = <unk>, then the --user-symbols (language tags, <mask>,
+...), then the learned pieces. Training is deterministic: the same texts and
 options give the same model (one thread, no sampling of the input).
 """
 
@@ -20,12 +21,12 @@ import tempfile
 
 import sentencepiece as spm
 
-sys.path.insert(0, os.path.join(os.path.dirname(os.path.abspath(__file__)), ".."))
-from common.atomic import atomic_path  # noqa: E402
-from common.shard_format import CORE_PARQUET, POOL_PARQUET, read_metadata  # noqa: E402
+from common.atomic import atomic_path
+from common.shard_format import CORE_PARQUET, POOL_PARQUET, read_metadata
+from common.tokens import SENTENCEPIECE_IDS
 
 logger = logging.getLogger("train_tokenizer")
-SPECIAL_PIECES = {"pad_id": 0, "bos_id": 1, "eos_id": 2, "unk_id": 3}
+SPECIAL_PIECES = SENTENCEPIECE_IDS
 
 
 def parse_args(argv=None):

@@ -115,5 +115,6 @@ def _check_type(key, value, hint):
             return
         if kind in (bool, list, dict) and isinstance(value, kind):
             return
-    expected = " or ".join(k.__name__ for k in allowed) + (" or null" if typing.get_origin(hint) is typing.Union else "")
+    nullable = " or null" if typing.get_origin(hint) is typing.Union else ""
+    expected = " or ".join(k.__name__ for k in allowed) + nullable
     raise LoaderConfigError(f"{key}={value!r} is a {type(value).__name__}: expected {expected}")

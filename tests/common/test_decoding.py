@@ -8,7 +8,7 @@ import sentencepiece as spm
 import torch
 from hyperpyyaml import load_hyperpyyaml
 
-from common.decoding import (beam_search, build_beam_searcher, ctc_greedy, ids_to_text)
+from common.decoding import beam_search, build_beam_searcher, ctc_greedy, ids_to_text
 from common.objectives import joint_ctc_attention_loss
 
 GRAPH_YAML = pathlib.Path(__file__).parents[2] / "recipes" / "hparams" / "model" / "conformer.yaml"

@@ -4,8 +4,8 @@ import logging
 
 import numpy as np
 
-from common.feasibility import ctc_feasibility, ctc_frames_needed, warn_if_infeasible
 from common.data import SpeechLoaderConfig, make_speech_loader
+from common.feasibility import ctc_feasibility, ctc_frames_needed, warn_if_infeasible
 from local import train_tokenizer
 from recipes.finetune.train import check_ctc_alignment
 

@@ -4,8 +4,7 @@ import numpy as np
 import torch
 
 from common.masking import mask_spans
-from common.models.pretraining import (JointPretrainModel, PretrainHeads, decode_teacher_forced,
-                                      encode_embedded)
+from common.models.pretraining import JointPretrainModel, PretrainHeads, decode_teacher_forced, encode_embedded
 from tests.common.test_models import fit_normalization, load_graph
 
 N_UNITS = 9

@@ -11,6 +11,7 @@ from local import train_tokenizer
 from recipes.finetune import train
 from tests.recipes.finetune_args import CONFIGS, TINY, data_options, epoch_losses, run_sh, train_argv
 
+
 def test_run_sh_trains_decodes_and_scores_with_every_output(speech_shards, tmp_path):
     """Stages 1-3 on shard folders: the training loss goes down over 4 epochs, and the experiment
     folder holds the resolved config, the command, train_log, TensorBoard events, alignments,

@@ -10,8 +10,17 @@ from collections import Counter
 import pyarrow.parquet as pq
 import pytest
 
-from tests.recipes.finetune_args import (REPO, TINY, TRAIN_PY, batch_log_lines, data_options, epoch_losses, run_sh,
-                                         train_argv, trained_batches)
+from tests.recipes.finetune_args import (
+    REPO,
+    TINY,
+    TRAIN_PY,
+    batch_log_lines,
+    data_options,
+    epoch_losses,
+    run_sh,
+    train_argv,
+    trained_batches,
+)
 
 AUDIT = ["--batch_log=True", "--do_test=False"]
 
@@ -82,7 +91,8 @@ def test_two_ranks_under_torchrun_see_every_sample_once_per_epoch_in_equal_steps
     assert len(shard_sizes) >= 2 and len(set(shard_sizes.values())) > 1, shard_sizes  # uneven shards
     exp = tmp_path / "ddp"
     result = run_sh("--stage", "1", "--stop_stage", "2", "--data", str(tmp_path / "data"), "--vocab_size", "60",
-                    "--exp", str(exp), "--nproc_per_node", "2", *data_options(speech_shards),
+                    "--config", "hparams/demo.yaml", "--exp", str(exp), "--nproc_per_node", "2",
+                    *data_options(speech_shards),
                     "--", *TINY, "--batch_log=True", "--number_of_epochs=3")  # run.sh sets do_test
     assert "2 ranks x 1 accumulated x 20 padded seconds" in result.stdout + result.stderr
     ranks = [batch_log_lines(exp, rank) for rank in (0, 1)]

@@ -50,7 +50,8 @@ def test_first_batch_needs_only_the_first_fill():
 
 
 def test_padding_is_lower_than_speechbrain_at_the_same_buffer():
-    """At buffer 1024, padding is at most 0.6 x SpeechBrain's dynamic_bucketed_batch, batches within 1 % of a global sort."""
+    """At buffer 1024, padding is at most 0.6 x SpeechBrain's dynamic_bucketed_batch, batches within 1 % of a
+    global sort."""
     lengths = librispeech_like(8000, seed=2)
     ours = buffered_batches(lengths, 200.0, buffer_size=1024)
     rng = random.Random(0)
