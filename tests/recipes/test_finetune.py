@@ -134,4 +134,4 @@ def test_run_sh_rejects_unknown_options_and_runs_only_the_chosen_stages(speech_s
                     "--exp", str(tmp_path / "exp"), *data_options(speech_shards))
     assert re.findall(r"Stage \d", result.stderr) == ["Stage 1"]
     assert sorted(os.listdir(tmp_path / "data" / "tokenizer")) == ["char.model", "char.vocab"]
-    assert (tmp_path / "data" / "tokenizer" / "bpe_60.model").is_file() and not (tmp_path / "exp").exists()
+    assert not (tmp_path / "exp").exists()
