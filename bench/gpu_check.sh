@@ -34,7 +34,7 @@ else
   .venv/bin/python -m pip install --quiet -r requirements.txt
   python=.venv/bin/python
 fi
-"$python" -c 'import common' 2>/dev/null || "$python" -m pip install --quiet --no-deps -e .  # the project
+"$python" -c 'import common' 2>/dev/null || "$python" -m pip install --quiet --no-deps --no-build-isolation -e .  # the project
 versions=$("$python" -c 'import torch; print("torch", torch.__version__, "CUDA", torch.version.cuda)')
 log "Using $python ($versions)"
 exec "$python" bench/gpu_check.py "$@"
