@@ -23,6 +23,9 @@ import subprocess
 import sys
 import time
 
+from common.shard_format import POOL_PARQUET
+from local.train_tokenizer import tokenizer_name
+
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 TESTS = ("test_seen", "test_unseen")
 
@@ -55,14 +58,14 @@ def run_tandem(data, out, minutes, python, seed):
     """Train and test ``small.yaml`` under the budget; its results.json and history.json as one dict."""
     config = "recipes/finetune/hparams/small.yaml"
     token_type, token_count = (config_value(python, config, key) for key in ("token_type", "token_count"))
-    tokenizer = "char" if token_type == "char" else f"{token_type}_{token_count}"  # as run.sh names it
+    tokenizer = tokenizer_name(token_type, token_count)  # as run.sh names it
     shards = os.path.join(data, "shards")
-    tests = ", ".join(os.path.join(shards, name, "metadata_pool.parquet") for name in TESTS)
+    tests = ", ".join(os.path.join(shards, name, POOL_PARQUET) for name in TESTS)
     started = time.time()
     subprocess.run([python, "recipes/finetune/train.py", config, f"--output_folder={out}", f"--seed={seed}",
                     f"--tokenizer_file={os.path.join(data, 'tokenizer', tokenizer + '.model')}",
-                    f"--train_parquet={os.path.join(shards, 'train', 'metadata_pool.parquet')}",
-                    f"--valid_parquet={os.path.join(shards, 'valid', 'metadata_pool.parquet')}",
+                    f"--train_parquet={os.path.join(shards, 'train', POOL_PARQUET)}",
+                    f"--valid_parquet={os.path.join(shards, 'valid', POOL_PARQUET)}",
                     f"--test_parquets=[{tests}]", f"--train_minutes={minutes}", "--noprogressbar"],
                    check=True, cwd=ROOT)
     with open(os.path.join(out, "results.json")) as f:

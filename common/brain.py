@@ -10,11 +10,12 @@ the per-term averages of each stage, TensorBoard, the epoch's log line, ``histor
 - optionally ``evaluation_figures(stage)`` (e.g. WER of the validation decode), ``end_test(stats)``,
   ``checkpoint_key`` (the validation figure that ranks checkpoints) and ``higher_is_better``.
 
-A wall-clock budget (``train_minutes`` in the hparams, optional) ends training after the epoch that
+A wall-clock budget (``train_minutes`` in the hparams; null: none) ends training after the epoch that
 spends it, counting the minutes of earlier runs of the same experiment (``history.json``).
 
 Its ``hparams`` need ``lr_scheduler``, ``log_interval_steps``, ``tensorboard_logger``,
-``train_logger``, ``batch_log``, ``keep_checkpoints``, ``output_folder`` and ``epoch_counter``.
+``train_logger``, ``batch_log``, ``keep_checkpoints``, ``output_folder``, ``epoch_counter`` and
+``train_minutes``.
 
     class ASR(RecipeBrain):
         def compute_objectives(self, predictions, batch, stage):
@@ -160,7 +161,7 @@ class RecipeBrain(sb.Brain):
 
     def budget_spent(self, minutes):
         """Whether ``minutes`` of training spend ``train_minutes`` (rank 0 decides for all ranks)."""
-        budget = getattr(self.hparams, "train_minutes", None)
+        budget = self.hparams.train_minutes
         spent = torch.tensor(float(budget is not None and minutes >= budget), device=self.device)
         if torch.distributed.is_initialized():
             torch.distributed.broadcast(spent, src=0)
