@@ -1,15 +1,22 @@
 """Read a user's corpus into entries (key, audio path, text, carried fields) and rejects.
 
-Four layouts are understood; each reader returns ``(entries, rejects)`` and never raises on a bad line:
-the line becomes a reject with a reason, so one broken entry never costs the rest of the corpus.
+Seven layouts are understood, detected from the input (``detect_format``) or named; each reader returns
+``(entries, rejects)`` and never raises on a bad line: the line becomes a reject with a reason, so one
+broken entry never costs the rest of the corpus.
 
 - ``jsonl``: one JSON object a line with ``audio`` and ``text`` (optional ``id``/``key``, ``speaker``,
   ``lang``, ``duration``; any other field is carried into the sample's json).
+- ``wenet``: a WeNet / CosyVoice ``data.list``, JSON lines with ``key``, ``wav`` and ``txt``.
 - ``tsv``: a header line naming the columns, at least ``path`` and ``text``.
+- ``commonvoice``: a Common Voice TSV (``client_id``, ``path``, ``sentence``, ...), audio in ``clips/``.
 - ``kaldi``: a folder with ``wav.scp`` (no pipes), ``text``, optional ``utt2spk`` and ``segments``.
+- ``librispeech``: ``SPEAKER/CHAPTER/SPEAKER-CHAPTER.trans.txt`` files beside their audio.
 - ``folder``: audio files (wav / flac / ogg / opus / mp3) under a folder, each with a same-named ``.txt``.
 
-Relative audio paths resolve against the manifest's folder.
+A manifest's field names can be given (``read_corpus(..., audio="file", text="words", key="uid",
+speaker="who")``; make_shards' ``--audio-field`` ...).
+Relative audio paths resolve against the manifest's folder. With ``text_required=False`` (audio to
+transcribe, speech nobody transcribed) an entry without a transcript is kept with ``text`` None.
 """
 
 import csv
@@ -20,7 +27,7 @@ import os
 import re
 
 AUDIO_EXTENSIONS = (".wav", ".flac", ".ogg", ".opus", ".mp3")
-FORMATS = ("jsonl", "tsv", "kaldi", "folder")
+FORMATS = ("jsonl", "tsv", "kaldi", "folder", "wenet", "commonvoice", "librispeech")
 KEY_FIELDS = ("id", "key", "utt_id")
 RESERVED_FIELDS = {"audio", "path", "text", "duration", *KEY_FIELDS}
 
@@ -30,7 +37,7 @@ class Entry:
     """One utterance to shard: ``start_s``/``end_s`` select a segment (Kaldi ``segments``)."""
     key: str
     audio: str
-    text: str
+    text: str | None  # None: no transcript (read with text_required=False)
     origin: str  # where it was read: "train.jsonl:12"
     fields: dict = dataclasses.field(default_factory=dict)
     start_s: float | None = None
@@ -49,24 +56,49 @@ def make_reject(key, origin, reason, detail):
 
 
 def detect_format(path):
-    """Name the layout of ``path`` from its extension or its folder's contents."""
+    """Name the layout of ``path`` from its extension, its first line or its folder's contents."""
     if os.path.isdir(path):
-        return "kaldi" if os.path.isfile(os.path.join(path, "wav.scp")) else "folder"
-    if path.endswith(".jsonl") or path.endswith(".json"):
-        return "jsonl"
+        if os.path.isfile(os.path.join(path, "wav.scp")):
+            return "kaldi"
+        return "librispeech" if librispeech_transcripts(path) else "folder"
+    readable = os.path.isfile(path)  # a file to be written later is named by its extension alone
+    if path.endswith(".jsonl") or path.endswith(".json") or path.endswith(".list"):
+        return "wenet" if readable and _first_record_has(path, ("wav", "txt")) else "jsonl"
     if path.endswith(".tsv"):
-        return "tsv"
-    raise ValueError(f"cannot tell the format of {path}: expected a .jsonl or .tsv file, a Kaldi data "
-                     "folder (with wav.scp) or a folder of audio; pass --format")
+        return "commonvoice" if readable and {"client_id", "path", "sentence"} <= set(tsv_header(path)) else "tsv"
+    raise ValueError(f"cannot tell the format of {path}: expected a .jsonl / .list / .tsv file, a Kaldi "
+                     "data folder (with wav.scp), a LibriSpeech-style folder or a folder of audio; pass --format")
 
 
-def read_corpus(path, corpus_format="auto"):
-    """Read ``path`` in ``corpus_format`` (or detected); return (entries, rejects), duplicates rejected."""
+def _first_record_has(path, keys):
+    """Whether the first non-empty line of a JSON-lines file is an object with all of ``keys``."""
+    for _, line in _decoded_lines(path):
+        if line and line.strip():
+            try:
+                record = json.loads(line)
+            except ValueError:
+                return False
+            return isinstance(record, dict) and all(key in record for key in keys)
+    return False
+
+
+def read_corpus(path, corpus_format="auto", text_required=True, **field_names):
+    """Read ``path`` in ``corpus_format`` (or detected); return (entries, rejects), duplicates rejected.
+    ``text_required=False`` keeps entries without a transcript (``text`` None) instead of rejecting them;
+    ``field_names`` (``audio``, ``text``, ``key``, ``speaker``) rename a manifest's fields."""
     if not os.path.exists(path):
         raise FileNotFoundError(f"{path} does not exist: give a manifest file or a corpus folder")
     corpus_format = detect_format(path) if corpus_format == "auto" else corpus_format
-    reader = {"jsonl": read_jsonl, "tsv": read_tsv, "kaldi": read_kaldi, "folder": read_folder}
-    entries, rejects = reader[corpus_format](path)
+    if corpus_format in LAYOUT_FIELDS:
+        fields = LAYOUT_FIELDS[corpus_format].with_overrides(**field_names)
+        reader = read_tsv if corpus_format in ("tsv", "commonvoice") else read_jsonl
+        entries, rejects = reader(path, text_required, fields)
+    elif any(field_names.values()):
+        raise ValueError(f"--audio-field / --text-field / --id-field / --speaker-field name the fields of a "
+                         f"manifest; {path} is a {corpus_format} folder")
+    else:
+        reader = {"kaldi": read_kaldi, "folder": read_folder, "librispeech": read_librispeech}[corpus_format]
+        entries, rejects = reader(path, text_required)
     return reject_duplicate_keys(entries, rejects)
 
 
@@ -90,9 +122,21 @@ def reject_duplicate_keys(entries, rejects):
 
 def check_text(text, key, origin):
     """None when ``text`` is usable, else the reject record."""
-    if not isinstance(text, str) or not text.strip():
+    if not has_text(text):
         return make_reject(key, origin, "empty_text", "the transcript is empty or missing")
     return None
+
+
+def has_text(text):
+    return isinstance(text, str) and bool(text.strip())
+
+
+def transcript(text, key, origin, text_required):
+    """``(text, reject)``: the stripped transcript, None when it is missing and not required, or the
+    reject record when it is missing and required."""
+    if has_text(text):
+        return text.strip(), None
+    return None, (check_text(text, key, origin) if text_required else None)
 
 
 def _decoded_lines(path):
@@ -109,23 +153,58 @@ def _resolve(base, audio):
     return audio if os.path.isabs(audio) else os.path.normpath(os.path.join(base, audio))
 
 
-def _entry_from_record(record, base, origin, audio_field):
+@dataclasses.dataclass(frozen=True)
+class Fields:
+    """Which record fields (JSON keys, TSV columns) hold the audio path, transcript, key and speaker;
+    ``audio_dir``: a folder the audio paths are relative to, below the manifest's (Common Voice: clips)."""
+    audio: str = "audio"
+    text: str = "text"
+    key: tuple = KEY_FIELDS
+    speaker: str = "speaker"
+    audio_dir: str = ""
+
+    def with_overrides(self, audio=None, text=None, key=None, speaker=None):
+        """These fields with the user's names (``--audio-field`` ...) where given."""
+        given = {"audio": audio, "text": text, "key": (key,) if key else None, "speaker": speaker}
+        return dataclasses.replace(self, **{name: value for name, value in given.items() if value})
+
+
+# The field names of each manifest layout.
+LAYOUT_FIELDS = {
+    "jsonl": Fields(),
+    "tsv": Fields(audio="path"),
+    "wenet": Fields(audio="wav", text="txt", key=("key",)),  # WeNet / CosyVoice data.list
+    "commonvoice": Fields(audio="path", text="sentence", key=(), speaker="client_id", audio_dir="clips"),
+}
+
+
+def _entry_from_record(record, base, origin, fields, text_required=True):
     """Entry or reject from one manifest record (a dict from a JSONL line or a TSV row)."""
-    raw_key = next((record[f] for f in KEY_FIELDS if record.get(f) not in (None, "")), None)
-    audio = record.get(audio_field)
+    raw_key = next((record[f] for f in fields.key if record.get(f) not in (None, "")), None)
+    audio = record.get(fields.audio)
     if not isinstance(audio, str) or not audio:
-        return make_reject(raw_key, origin, "malformed_line", f"no '{audio_field}' field with a path")
+        return make_reject(raw_key, origin, "malformed_line", f"no '{fields.audio}' field with a path")
     key = sanitize_key(raw_key if raw_key is not None else os.path.splitext(audio)[0])
-    problem = check_text(record.get("text"), key, origin)
+    text, problem = transcript(record.get(fields.text), key, origin, text_required)
     if problem:
         return problem
-    fields = {k: v for k, v in record.items() if k not in RESERVED_FIELDS and v not in (None, "")}
-    return Entry(key, _resolve(base, audio), record["text"].strip(), origin, fields)
+    used = {fields.audio, fields.text, fields.speaker, *fields.key, *RESERVED_FIELDS}
+    carried = {k: v for k, v in record.items() if k not in used and v not in (None, "")}
+    if record.get(fields.speaker) not in (None, ""):
+        carried["speaker"] = record[fields.speaker]
+    return Entry(key, _resolve(os.path.join(base, fields.audio_dir), audio), text, origin, carried)
 
 
-def read_jsonl(path):
-    """Entries and rejects from a JSONL manifest."""
-    return _read_records(path, _decoded_lines(path), _parse_json_object, "audio")
+def read_jsonl(path, text_required=True, fields=None):
+    """Entries and rejects from a JSONL manifest (a WeNet data.list is one with other field names)."""
+    return _read_records(path, _decoded_lines(path), _parse_json_object, fields or LAYOUT_FIELDS["jsonl"],
+                         text_required)
+
+
+def read_wenet(path, text_required=True, fields=None):
+    """Entries and rejects from a WeNet / CosyVoice ``data.list``: a JSON object a line with ``key``,
+    ``wav`` and ``txt``."""
+    return read_jsonl(path, text_required, fields or LAYOUT_FIELDS["wenet"])
 
 
 def _parse_json_object(line):
@@ -135,24 +214,44 @@ def _parse_json_object(line):
     return record
 
 
-def read_tsv(path):
+def tsv_header(path):
+    """The column names of a TSV manifest's first line."""
+    with open(path, "rb") as handle:
+        first = handle.readline()
+    try:
+        return next(csv.reader([first.decode("utf-8").rstrip("\r\n")], delimiter="\t"), [])
+    except UnicodeDecodeError as error:
+        raise ValueError(f"{path}: the first line must be a UTF-8 header naming the columns") from error
+
+
+def read_tsv(path, text_required=True, fields=None):
     """Entries and rejects from a TSV manifest with a header line (``path``, ``text``, ...)."""
+    fields = fields or LAYOUT_FIELDS["tsv"]
     lines = list(_decoded_lines(path))
     if not lines or lines[0][1] is None:
         raise ValueError(f"{path}: the first line must be a UTF-8 header naming the columns")
     header = next(csv.reader([lines[0][1]], delimiter="\t"))
-    if "path" not in header or "text" not in header:
-        raise ValueError(f"{path}: the header {header} lacks 'path' and 'text' columns: add them")
+    needed = (fields.audio, fields.text) if text_required else (fields.audio,)
+    if any(column not in header for column in needed):
+        names = " and ".join(repr(column) for column in needed)
+        raise ValueError(f"{path}: the header {header} lacks {names} columns: add them, or name the columns "
+                         "with --audio-field / --text-field")
 
     def parse_row(line):
         values = next(csv.reader([line], delimiter="\t", quoting=csv.QUOTE_NONE))
         if len(values) != len(header):
             raise ValueError(f"{len(values)} columns where the header has {len(header)}")
         return dict(zip(header, values))
-    return _read_records(path, lines[1:], parse_row, "path")
+    return _read_records(path, lines[1:], parse_row, fields, text_required)
 
 
-def _read_records(path, lines, parse, audio_field):
+def read_commonvoice(path, text_required=True, fields=None):
+    """Entries and rejects from a Common Voice TSV (``client_id``, ``path``, ``sentence``, ...; the
+    audio in ``clips/`` beside it; the speaker is the ``client_id``)."""
+    return read_tsv(path, text_required, fields or LAYOUT_FIELDS["commonvoice"])
+
+
+def _read_records(path, lines, parse, fields, text_required=True):
     """Entries and rejects from (line number, text) pairs; ``parse`` turns a line into a record dict
     or raises ValueError (a malformed line)."""
     base, name = os.path.dirname(os.path.abspath(path)), os.path.basename(path)
@@ -169,7 +268,7 @@ def _read_records(path, lines, parse, audio_field):
         except ValueError as error:
             rejects.append(make_reject(None, origin, "malformed_line", str(error)))
             continue
-        result = _entry_from_record(record, base, origin, audio_field)
+        result = _entry_from_record(record, base, origin, fields, text_required)
         (entries if isinstance(result, Entry) else rejects).append(result)
     return entries, rejects
 
@@ -191,22 +290,22 @@ def _read_kaldi_table(path, rejects, required=True):
     return table
 
 
-def read_kaldi(folder):
+def read_kaldi(folder, text_required=True):
     """Entries and rejects from a Kaldi data folder (wav.scp, text, utt2spk, segments)."""
     rejects = []
     wav_scp = _read_kaldi_table(os.path.join(folder, "wav.scp"), rejects)
-    texts = _read_kaldi_table(os.path.join(folder, "text"), rejects)
+    texts = _read_kaldi_table(os.path.join(folder, "text"), rejects, required=text_required)
     speakers = _read_kaldi_table(os.path.join(folder, "utt2spk"), rejects, required=False)
     segments = _read_kaldi_table(os.path.join(folder, "segments"), rejects, required=False)
     utterances = segments if segments else {utt: (utt, origin) for utt, (_, origin) in wav_scp.items()}
     entries = []
     for utt, (value, origin) in utterances.items():
-        result = _kaldi_entry(folder, utt, value, origin, wav_scp, texts, speakers, bool(segments))
+        result = _kaldi_entry(folder, utt, value, origin, wav_scp, texts, speakers, bool(segments), text_required)
         (entries if isinstance(result, Entry) else rejects).append(result)
     return entries, rejects
 
 
-def _kaldi_entry(folder, utt, value, origin, wav_scp, texts, speakers, segmented):
+def _kaldi_entry(folder, utt, value, origin, wav_scp, texts, speakers, segmented, text_required=True):
     key = sanitize_key(utt)
     start_s = end_s = None
     recording = utt
@@ -224,24 +323,27 @@ def _kaldi_entry(folder, utt, value, origin, wav_scp, texts, speakers, segmented
     if audio.endswith("|") or " " in audio:
         return make_reject(key, origin, "pipe_not_supported", "wav.scp commands are not run: write the "
                            "audio to files (e.g. with sox) and list their paths in wav.scp")
-    if utt not in texts:
+    if utt not in texts and text_required:
         return make_reject(key, origin, "empty_text", f"utterance {utt} has no line in text")
-    problem = check_text(texts[utt][0], key, origin)
+    text, problem = transcript(texts.get(utt, (None,))[0], key, origin, text_required)
     if problem:
         return problem
     fields = {"speaker": speakers[utt][0]} if utt in speakers else {}
-    return Entry(key, _resolve(folder, audio), texts[utt][0], origin, fields, start_s, end_s)
+    return Entry(key, _resolve(folder, audio), text, origin, fields, start_s, end_s)
 
 
-def read_folder(folder):
+def read_folder(folder, text_required=True):
     """Entries and rejects from a folder of audio files with same-named .txt transcripts."""
     entries, rejects = [], []
-    for audio in _audio_files(folder):
+    for audio in audio_files(folder):
         relative = os.path.relpath(audio, folder)
         key = sanitize_key(os.path.splitext(relative)[0])
         text_path = os.path.splitext(audio)[0] + ".txt"
         if not os.path.isfile(text_path):
-            rejects.append(make_reject(key, relative, "empty_text", f"no transcript {text_path}"))
+            if text_required:
+                rejects.append(make_reject(key, relative, "empty_text", f"no transcript {text_path}"))
+            else:
+                entries.append(Entry(key, audio, None, relative))
             continue
         try:
             with io.open(text_path, encoding="utf-8") as handle:
@@ -249,7 +351,7 @@ def read_folder(folder):
         except UnicodeDecodeError:
             rejects.append(make_reject(key, relative, "non_utf8_text", f"{text_path} is not UTF-8"))
             continue
-        problem = check_text(text, key, relative)
+        text, problem = transcript(text, key, relative, text_required)
         if problem:
             rejects.append(problem)
             continue
@@ -257,10 +359,49 @@ def read_folder(folder):
     return entries, rejects
 
 
-def _audio_files(folder):
+def audio_files(folder):
     """Audio files below ``folder`` in a stable (sorted) order."""
     found = []
     for root, dirs, files in os.walk(folder):
         dirs.sort()
         found += [os.path.join(root, f) for f in sorted(files) if f.lower().endswith(AUDIO_EXTENSIONS)]
     return found
+
+
+def librispeech_transcripts(folder):
+    """The ``SPEAKER/CHAPTER/SPEAKER-CHAPTER.trans.txt`` files below ``folder`` (sorted)."""
+    found = []
+    for root, dirs, files in os.walk(folder):
+        dirs.sort()
+        found += [os.path.join(root, name) for name in sorted(files) if name.endswith(".trans.txt")]
+    return found
+
+
+def read_librispeech(folder, text_required=True):
+    """Entries and rejects from a LibriSpeech-style folder: each ``*.trans.txt`` lists ``UTT text`` lines
+    for the audio ``UTT.flac`` (or .wav ...) beside it; the speaker is the first part of ``UTT``."""
+    entries, rejects = [], []
+    for listing in librispeech_transcripts(folder):
+        directory = os.path.dirname(listing)
+        for number, line in _decoded_lines(listing):
+            origin = f"{os.path.relpath(listing, folder)}:{number}"
+            if line is None:
+                rejects.append(make_reject(None, origin, "non_utf8_text", "the line is not valid UTF-8"))
+                continue
+            utt, _, text = line.strip().partition(" ")
+            if not utt:
+                continue
+            audio = _audio_beside(directory, utt)
+            text, problem = transcript(text, sanitize_key(utt), origin, text_required)
+            if problem:
+                rejects.append(problem)
+                continue
+            entries.append(Entry(sanitize_key(utt), audio, text, origin, {"speaker": utt.split("-")[0]}))
+    return entries, rejects
+
+
+def _audio_beside(directory, stem):
+    """``directory/stem.EXT`` for the first audio extension that exists (``.flac`` when none does:
+    reading it then names the missing file)."""
+    candidates = [os.path.join(directory, stem + ext) for ext in AUDIO_EXTENSIONS]
+    return next((path for path in candidates if os.path.isfile(path)), os.path.join(directory, stem + ".flac"))

@@ -1,11 +1,14 @@
 #!/usr/bin/env python3
 """Turn a corpus into WebDataset shards of 16 kHz mono Opus + json, with a metadata parquet.
 
-    python local/make_shards.py INPUT OUT_DIR [--format auto|jsonl|tsv|kaldi|folder] [--jobs N]
-        [--shard-size MB] [--max-duration S] [--prefix P]
+    python local/make_shards.py INPUT OUT_DIR [--format auto|jsonl|tsv|wenet|commonvoice|kaldi|librispeech|folder]
+        [--jobs N] [--shard-size MB] [--max-duration S] [--prefix P]
+        [--audio-field F] [--text-field F] [--id-field F] [--speaker-field F]
 
-INPUT is a .jsonl or .tsv manifest, a Kaldi data folder or a folder of audio with .txt transcripts
-(see local/corpus_readers.py). OUT_DIR receives {prefix}-000000.tar ..., metadata_pool.parquet,
+INPUT is a .jsonl or .tsv manifest, a WeNet / CosyVoice data.list, a Common Voice TSV (clips/ beside
+it), a Kaldi data folder, a LibriSpeech-style folder or a folder of audio with .txt transcripts, detected
+from the input (see local/corpus_readers.py); the --*-field options name a manifest's fields.
+OUT_DIR receives {prefix}-000000.tar ..., metadata_pool.parquet,
 metadata_core.parquet (the filtered subset), rejects.jsonl (every entry left out, with its reason) and
 summary.json.
 
@@ -30,6 +33,7 @@ import os
 import sys
 import time
 
+import soundfile as sf
 from tqdm import tqdm
 
 from common.atomic import atomic_write_text
@@ -65,6 +69,11 @@ def parse_args(argv=None):
     parser.add_argument("--max-duration", type=float, default=60.0,
                         help="longer audio (seconds) is rejected as too_long")
     parser.add_argument("--prefix", default="shard", help="shard file names are PREFIX-000000.tar")
+    parser.add_argument("--rebuild", action="store_true", help="when OUT_DIR holds shards of another input "
+                        "(an edited manifest, other options), replace them instead of stopping (exit 2)")
+    fields = parser.add_argument_group("a manifest's field (JSON key, TSV column) names; default: the layout's")
+    for name, example in (("audio", "wav"), ("text", "sentence"), ("id", "utt_id"), ("speaker", "client_id")):
+        fields.add_argument(f"--{name}-field", help=f"e.g. {example}")
     core = parser.add_argument_group("metadata_core.parquet: the subset of samples that pass all of")
     core.add_argument("--core-min-duration", type=float, default=0.5, help="seconds")
     core.add_argument("--core-max-duration", type=float, default=30.0, help="seconds")
@@ -75,17 +84,34 @@ def parse_args(argv=None):
 
 
 def encode_entry(entry, max_duration_s):
-    """Worker: read, resample, encode one entry. Returns (key, opus, json bytes, seconds) or a reject."""
+    """Worker: read, resample, encode one entry. Returns (key, opus, json bytes, seconds, source rate)
+    or a reject. A whole file that is already 16 kHz mono Ogg Opus is decoded (to check it) and its
+    bytes copied: no second lossy encoding."""
     try:
         audio = read_audio(entry.audio, entry.start_s, entry.end_s, max_duration_s=max_duration_s)
-        opus = encode_opus(audio)
+        rate, copyable = source_format(entry)
+        opus = read_bytes(entry.audio) if copyable else encode_opus(audio)
     except AudioError as error:
         return make_reject(entry.key, entry.origin, error.reason, str(error))
     except Exception as error:  # noqa: BLE001 - one strange file must not stop the corpus
         return make_reject(entry.key, entry.origin, "undecodable_audio", f"{entry.audio}: {error!r}")
     duration = len(audio) / SAMPLE_RATE
     sample = sample_json(entry.text, duration, entry.source(), entry.fields)
-    return entry.key, opus, json.dumps(sample, ensure_ascii=False).encode("utf-8"), duration
+    return entry.key, opus, json.dumps(sample, ensure_ascii=False).encode("utf-8"), duration, rate
+
+
+def source_format(entry):
+    """``(sample rate, whether its bytes can go into the shard as they are)``: a whole (unsegmented)
+    16 kHz mono Ogg Opus file can."""
+    info = sf.info(entry.audio)
+    copyable = (entry.start_s is None and info.format == "OGG" and info.subtype == "OPUS"
+                and info.samplerate == SAMPLE_RATE and info.channels == 1)
+    return info.samplerate, copyable
+
+
+def read_bytes(path):
+    with open(path, "rb") as handle:
+        return handle.read()
 
 
 class ShardAssembler:
@@ -141,14 +167,19 @@ def input_fingerprint(entries, args):
     return digest.hexdigest()
 
 
-def load_sealed(out_dir, prefix, fingerprint):
+def load_sealed(out_dir, prefix, fingerprint, rebuild=False):
     """The sidecars of the shards a previous run completed (contiguous from 0), after checking that
-    the folder belongs to this input; stale temporary files are removed."""
+    the folder belongs to this input (``rebuild``: when it does not, remove what an earlier run wrote
+    and start over); stale temporary files are removed."""
     os.makedirs(os.path.join(out_dir, PARTS), exist_ok=True)
     plan_path = os.path.join(out_dir, PARTS, "input.sha256")
     if os.path.isfile(plan_path) and open(plan_path).read().strip() != fingerprint:
-        fail(f"{out_dir} holds shards of another input or other options: give a new OUT_DIR, or "
-             "delete this one to start over", status=2)
+        if not rebuild:
+            fail(f"{out_dir} holds shards of another input or other options: give a new OUT_DIR, delete "
+                 "this one, or pass --rebuild to replace them", status=2)
+        logger.warning("%s holds shards of another input or other options (the manifest changed?): "
+                       "removing them and sharding again", out_dir)
+        remove_outputs(out_dir, prefix)
     atomic_write_text(plan_path, fingerprint)
     for stale in glob.glob(os.path.join(out_dir, "*.tmp")):
         os.remove(stale)
@@ -162,18 +193,36 @@ def load_sealed(out_dir, prefix, fingerprint):
             sealed.append(json.load(handle))
 
 
+def remove_outputs(out_dir, prefix):
+    """Delete what make_shards wrote in ``out_dir`` for ``prefix`` (shards, sidecars, parquets, reports)."""
+    written = glob.glob(os.path.join(out_dir, glob.escape(prefix) + "-*.tar"))
+    written += glob.glob(os.path.join(out_dir, PARTS, "*"))
+    written += [os.path.join(out_dir, name) for name in (POOL_PARQUET, CORE_PARQUET, "rejects.jsonl", "summary.json")]
+    for path in written:
+        if os.path.isfile(path):
+            os.remove(path)
+
+
 def encode_all(entries, args, assembler, start):
-    """Encode entries[start:] in parallel and feed them, in order, to the assembler."""
+    """Encode entries[start:] in parallel and feed them, in order, to the assembler; returns how many
+    kept inputs had each sample rate below 16 kHz (``{rate: count}``), warned about once."""
     jobs = [(entry, args.max_duration) for entry in entries[start:]]
+    low_rates = collections.Counter()
     with process_pool(args.jobs) as pool:
         results = pool.imap(_encode_job, jobs, chunksize=4)
         for offset, result in enumerate(tqdm(results, total=len(jobs), unit="utt", desc="encoding",
                                              disable=None)):
             if isinstance(result, dict):
                 assembler.reject(result)
-            else:
-                assembler.add(start + offset, *result[:3])
+                continue
+            assembler.add(start + offset, *result[:3])
+            if result[4] < SAMPLE_RATE:
+                low_rates[int(result[4])] += 1
     assembler.seal(end_entry=len(entries))
+    if low_rates:
+        logger.warning("inputs below 16 kHz (upsampled: no content above half their rate): %s",
+                       ", ".join(f"{count} at {rate} Hz" for rate, count in sorted(low_rates.items())))
+    return dict(sorted(low_rates.items()))
 
 
 def _encode_job(job):
@@ -215,22 +264,24 @@ def main(argv=None):
     logging.basicConfig(level=logging.INFO, format="%(asctime)s %(name)s: %(message)s")
     args = parse_args(argv)
     try:
-        entries, read_rejects = read_corpus(args.input, args.format)
+        entries, read_rejects = read_corpus(args.input, args.format, audio=args.audio_field, text=args.text_field,
+                                            key=args.id_field, speaker=args.speaker_field)
     except (FileNotFoundError, ValueError) as error:
         fail(str(error), status=2)
     os.makedirs(args.out_dir, exist_ok=True)
-    sealed = load_sealed(args.out_dir, args.prefix, input_fingerprint(entries, args))
+    sealed = load_sealed(args.out_dir, args.prefix, input_fingerprint(entries, args), args.rebuild)
     start = sealed[-1]["end_entry"] if sealed else 0
     if sealed:
         logger.info("resuming: %d shards complete, %d of %d entries left", len(sealed),
                     len(entries) - start, len(entries))
     assembler = ShardAssembler(args.out_dir, args.prefix, int(args.shard_size * 1e6), len(sealed))
     began = time.time()
-    encode_all(entries, args, assembler, start)
+    low_rates = encode_all(entries, args, assembler, start)
     sealed += assembler.sealed
     last_run = {"jobs": args.jobs, "encode_wall_s": round(time.time() - began, 3),
                 "encoded_audio_s": sum(row["duration"] for sidecar in assembler.sealed
-                                       for row in sidecar["rows"])}
+                                       for row in sidecar["rows"]),
+                "inputs_below_16k_by_rate": {str(rate): count for rate, count in low_rates.items()}}
     rejects = read_rejects + [r for sidecar in sealed for r in sidecar["rejects"]] + assembler.rejects
     summary = write_outputs(args.out_dir, sealed, rejects, args, last_run)
     report(summary)

@@ -115,6 +115,23 @@ def test_resampled_and_downmixed_to_16k_mono(tmp_path, fmt, subtype):
     assert len(audio) / rate == pytest.approx(2.0, abs=0.06)  # mp3 adds encoder padding
 
 
+def test_16k_mono_opus_is_copied_and_low_rates_are_counted(tmp_path):
+    """A 16 kHz mono Ogg Opus file goes into the shard byte for byte (no second lossy encoding); a 48 kHz
+    Opus file and an 8 kHz wav are re-encoded; summary.json counts the 8 kHz input by its rate."""
+    write_tone(tmp_path / "ready.opus", 1.0, format="OGG", subtype="OPUS")
+    write_tone(tmp_path / "wide.opus", 1.0, rate=48000, format="OGG", subtype="OPUS")
+    write_tone(tmp_path / "narrow.wav", 1.0, rate=8000)
+    write_manifest(tmp_path / "m.jsonl", [{"id": name, "audio": f"{name}.{ext}", "text": "a tone"} for name, ext in
+                                          (("ready", "opus"), ("wide", "opus"), ("narrow", "wav"))])
+    run([tmp_path / "m.jsonl", tmp_path / "out"])
+    with tarfile.open(tmp_path / "out" / "shard-000000.tar") as tar:
+        members = {name: tar.extractfile(f"{name}.opus").read() for name in ("ready", "wide", "narrow")}
+    assert members["ready"] == (tmp_path / "ready.opus").read_bytes()
+    assert members["wide"] != (tmp_path / "wide.opus").read_bytes() and decode_opus(members["wide"])[1] == 16000
+    summary = json.loads((tmp_path / "out" / "summary.json").read_text())
+    assert summary["last_run"]["inputs_below_16k_by_rate"] == {"8000": 1}
+
+
 def test_duration_round_trips_through_opus(make_shard_dir):
     """The parquet duration equals both the source length and the decoded Opus length within 20 ms."""
     out = make_shard_dir(num_samples=6)
@@ -218,6 +235,22 @@ def test_a_folder_of_another_input_is_refused(tmp_path):
     with pytest.raises(SystemExit) as raised:
         run([second, tmp_path / "out"])
     assert raised.value.code == 2
+
+
+
+def test_rebuild_replaces_the_shards_of_an_edited_manifest(tmp_path):
+    """With --rebuild (run.sh stage 0 passes it), an edited manifest (a line dropped, a transcript
+    changed) reshards the folder: the parquet and the tars then hold exactly the new input."""
+    manifest = tone_corpus(tmp_path / "a", 4, seed=1)
+    run([manifest, tmp_path / "out", "--shard-size", "0.02"])
+    with open(manifest, encoding="utf-8") as handle:
+        edited = [json.loads(line) for line in handle.readlines()[:2]]
+    edited[0]["text"] = "an edited transcript"
+    write_manifest(manifest, edited)
+    run([manifest, tmp_path / "out", "--shard-size", "0.02", "--rebuild"])
+    rows = pool_rows(tmp_path / "out")
+    assert sorted((r["sample_key"], r["text"]) for r in rows) == sorted((r["id"], r["text"]) for r in edited)
+    assert sorted(tar_samples(tmp_path / "out")) == sorted(r["id"] for r in edited)
 
 
 def shard_contents(out):
