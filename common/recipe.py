@@ -27,6 +27,8 @@ import torch
 from hyperpyyaml import load_hyperpyyaml, resolve_references
 from hyperpyyaml.core import recursive_update
 
+from common.lock import check_and_write_lock, make_lock, pop_force_flag
+
 logger = logging.getLogger(__name__)
 
 LOCK_NAME = "run.lock"
@@ -235,10 +237,26 @@ def prepare_experiment(argv, input_keys=None):
     and checks the config (and that the paths under ``input_keys(values)`` exist), joins the DDP
     group when launched by torchrun, creates the experiment folder. Returns ``(hparams, run_opts)``
     for ``sb.Brain``."""
+    argv, force_resume = pop_force_flag(argv)
     hparams_file, run_opts, overrides = sb.parse_arguments(last_override_wins(argv))
     hparams_file, overrides = resolve_derived_config(hparams_file, overrides)
     hparams = load_checked_hparams(hparams_file, overrides, input_keys)
     run_opts = choose_distributed_backend(run_opts)
     sb.utils.distributed.ddp_init_group(run_opts)
     create_output_folder(hparams, hparams_file, overrides, argv)
+    if input_keys is not None:
+        lock_inputs(hparams, input_keys(hparams), argv[0], force_resume)
     return hparams, run_opts
+
+
+def lock_inputs(hparams, keys, config_file, force_resume=False):
+    """Write the experiment's ``lock.json`` (``common.lock``); a resume on changed training inputs stops
+    here, before any work (every rank raises, so no rank waits for the others)."""
+    folder = hparams["output_folder"]
+    save_folder = hparams.get("save_folder", os.path.join(folder, "save"))
+    has_checkpoints = os.path.isdir(save_folder) and any(name.startswith("CKPT") for name in os.listdir(save_folder))
+    workers = hparams.get("num_workers", 0)
+    world_size = int(os.environ.get("WORLD_SIZE", 1))
+    lock = make_lock(hparams, keys, world_size, workers, config_file)
+    check_and_write_lock(folder, lock, has_checkpoints, force_resume, write=sb.utils.distributed.if_main_process(),
+                         training=bool(hparams.get("do_train", True)))

@@ -1,0 +1,154 @@
+"""``lock.json``: what an experiment was made from, and a resume that refuses changed inputs.
+
+Every run of a recipe's ``train.py`` writes ``lock.json`` in its experiment folder: the sha256 of each
+input file it reads (shard parquets, tokenizer, units, k-means model, pretrained checkpoint; a folder
+is fingerprinted by its files' names and sizes), the code commit and whether the working tree had
+changes, the versions of the packages that shape the model, the world size and loader workers.
+
+When the folder already holds checkpoints, the new run compares first: a changed input stops it
+before any work, naming each change (a resumed model would otherwise continue on other data or
+another tokenizer's ids), unless ``--force_resume=True``; another world size or worker count is
+logged with how the loader replans (the next epoch's batches are planned anew; the epoch under way
+continues at its position). The lock is then rewritten for this run.
+"""
+
+import hashlib
+import importlib.metadata
+import json
+import logging
+import os
+import subprocess
+
+from common.atomic import atomic_write_text
+
+logger = logging.getLogger(__name__)
+
+LOCK_FILE = "lock.json"
+PACKAGES = ("torch", "torchaudio", "speechbrain", "sentencepiece", "numpy")
+FORCE_FLAG = "--force_resume"
+EVALUATION_KEYS = ("test_parquets", "lm_dir")  # what only decoding reads: free to change between runs
+
+
+class ChangedInputs(RuntimeError):
+    """A resume whose inputs differ from the ones the experiment's checkpoints were trained on."""
+
+
+def sha256_of(path, chunk=1 << 20):
+    """Hex sha256 of a file's bytes; of a folder, of its files' relative paths and sizes."""
+    digest = hashlib.sha256()
+    if os.path.isdir(path):
+        for root, dirs, files in os.walk(path):
+            dirs.sort()
+            for name in sorted(files):
+                full = os.path.join(root, name)
+                digest.update(f"{os.path.relpath(full, path)}\t{os.path.getsize(full)}\n".encode())
+        return "dir:" + digest.hexdigest()
+    with open(path, "rb") as handle:
+        for block in iter(lambda: handle.read(chunk), b""):
+            digest.update(block)
+    return digest.hexdigest()
+
+
+def input_hashes(hparams, keys):
+    """``{"key" or "key[i]": {"path": ..., "sha256": ...}}`` of the files under ``keys`` (None skipped)."""
+    hashes = {}
+    for key in keys:
+        value = hparams.get(key)
+        paths = value if isinstance(value, (list, tuple)) else [value]
+        for index, path in enumerate(paths):
+            if path is None:
+                continue
+            name = key if not isinstance(value, (list, tuple)) else f"{key}[{index}]"
+            hashes[name] = {"path": str(path), "sha256": sha256_of(str(path))}
+    return hashes
+
+
+def code_state(folder):
+    """``{"commit": sha or None, "dirty": bool or None}`` of the git checkout holding ``folder``."""
+    def git(*args):
+        return subprocess.run(["git", "-C", folder, *args], capture_output=True, text=True, timeout=10)
+    try:
+        head = git("rev-parse", "HEAD")
+        if head.returncode != 0:
+            return {"commit": None, "dirty": None}
+        status = git("status", "--porcelain", "--untracked-files=no")
+        return {"commit": head.stdout.strip(), "dirty": bool(status.stdout.strip())}
+    except (OSError, subprocess.TimeoutExpired):
+        return {"commit": None, "dirty": None}
+
+
+def package_versions():
+    versions = {}
+    for name in PACKAGES:
+        try:
+            versions[name] = importlib.metadata.version(name)
+        except importlib.metadata.PackageNotFoundError:
+            versions[name] = None
+    return versions
+
+
+def make_lock(hparams, input_keys, world_size, workers, config_file):
+    """The lock of this run (see the module docstring)."""
+    repository = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+    return {"config": config_file, "inputs": input_hashes(hparams, input_keys), "code": code_state(repository),
+            "packages": package_versions(), "world_size": world_size, "loader_workers": workers}
+
+
+def changed_inputs(old, new):
+    """Lines naming each training input both locks list whose file differs."""
+    lines = []
+    for key in sorted(set(old["inputs"]) & set(new["inputs"])):
+        if key.split("[")[0] in EVALUATION_KEYS:
+            continue
+        before, after = old["inputs"][key], new["inputs"][key]
+        if before["sha256"] != after["sha256"]:
+            lines.append(f"{key}: {after['path']} differs from the file the checkpoints were trained on "
+                         f"({before['path']}, sha256 {before['sha256'][:12]} -> {after['sha256'][:12]})")
+    return lines
+
+
+def check_and_write_lock(folder, lock, has_checkpoints, force=False, write=True, training=True):
+    """Compare ``lock`` with the folder's previous one when it has checkpoints (``check_resume``), then
+    write it (``write``: the main process); inputs this run does not read (the training data of a
+    decoding-only run) are kept, and so are the training run's world size and workers when this run
+    does not train."""
+    path = os.path.join(folder, LOCK_FILE)
+    old = None
+    if os.path.isfile(path):
+        with open(path, encoding="utf-8") as handle:
+            old = json.load(handle)
+    if old is not None and has_checkpoints:
+        check_resume(old, lock, folder, force, training)
+    if old is not None:
+        lock = {**lock, "inputs": {**old.get("inputs", {}), **lock["inputs"]}}
+        if not training:
+            lock.update({key: old[key] for key in ("world_size", "loader_workers") if key in old})
+    if write:
+        atomic_write_text(path, json.dumps(lock, indent=2, sort_keys=True) + "\n")
+
+
+def check_resume(old, lock, folder, force, training=True):
+    """Raise ChangedInputs for changed training inputs (unless ``force``: then a warning); when
+    ``training``, log a changed world size or worker count with how the loader replans."""
+    changes = changed_inputs(old, lock)
+    if changes and not force:
+        raise ChangedInputs(f"{folder} holds checkpoints trained on other inputs:\n  " + "\n  ".join(changes)
+                            + f"\nuse another output folder, put the inputs back, or pass {FORCE_FLAG}=True "
+                            "to continue the old model on the new inputs")
+    if changes:
+        logger.warning("%s=True: continuing on changed inputs: %s", FORCE_FLAG, "; ".join(changes))
+    for key, what in (("world_size", "ranks"), ("loader_workers", "loader workers per rank")):
+        if training and old.get(key) != lock[key]:
+            logger.warning("resuming with %s %s instead of %s: the epoch under way keeps its plan position, "
+                           "the next epochs are planned for %s", lock[key], what, old.get(key), lock[key])
+
+
+def pop_force_flag(argv):
+    """``(argv without --force_resume=..., whether it was True)``."""
+    force, kept = False, []
+    for arg in argv:
+        if arg.startswith(FORCE_FLAG + "="):
+            force = arg.split("=", 1)[1].strip().lower() in ("true", "1", "yes")
+        else:
+            kept.append(arg)
+    return kept, force

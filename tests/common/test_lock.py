@@ -1,0 +1,56 @@
+"""common/lock.py: lock.json records the inputs; a resume on changed training inputs stops."""
+
+import json
+import logging
+
+import pytest
+
+from common.lock import ChangedInputs, check_and_write_lock, make_lock, pop_force_flag
+
+
+def lock_of(tmp_path, world_size=1, **files):
+    """A lock over files written with the given contents (key -> text)."""
+    hparams = {}
+    for key, text in files.items():
+        path = tmp_path / f"{key}.bin"
+        path.write_text(text)
+        hparams[key] = str(path)
+    return make_lock(hparams, list(files), world_size, 0, "x.yaml")
+
+
+def test_a_changed_training_input_stops_a_resume_and_names_it(tmp_path, caplog):
+    """Same inputs resume; a changed tokenizer under checkpoints raises, naming the key and path, and
+    leaves lock.json as it was; --force_resume lets it continue with a warning; without checkpoints
+    (a fresh folder) nothing is compared; a changed test set never stops a run."""
+    folder = tmp_path / "exp"
+    folder.mkdir()
+    check_and_write_lock(folder, lock_of(tmp_path, tokenizer_file="a", test_parquets="t"), has_checkpoints=False)
+    first = (folder / "lock.json").read_text()
+    check_and_write_lock(folder, lock_of(tmp_path, tokenizer_file="a", test_parquets="t"), has_checkpoints=True)
+    changed = lock_of(tmp_path, tokenizer_file="b", test_parquets="t")
+    with pytest.raises(ChangedInputs, match=r"tokenizer_file: .*tokenizer_file\.bin differs"):
+        check_and_write_lock(folder, changed, has_checkpoints=True)
+    assert (folder / "lock.json").read_text() == first
+    with caplog.at_level(logging.WARNING):
+        check_and_write_lock(folder, changed, has_checkpoints=True, force=True)
+    assert "continuing on changed inputs" in caplog.text
+    check_and_write_lock(folder, lock_of(tmp_path, tokenizer_file="b", test_parquets="other"), has_checkpoints=True)
+    assert json.loads((folder / "lock.json").read_text())["inputs"]["tokenizer_file"]["sha256"] == \
+        changed["inputs"]["tokenizer_file"]["sha256"]
+
+
+def test_another_world_size_is_reported_not_refused(tmp_path, caplog):
+    folder = tmp_path / "exp"
+    folder.mkdir()
+    check_and_write_lock(folder, lock_of(tmp_path, world_size=1, train_parquet="p"), has_checkpoints=False)
+    with caplog.at_level(logging.WARNING):
+        check_and_write_lock(folder, lock_of(tmp_path, world_size=2, train_parquet="p"), has_checkpoints=True)
+    assert "resuming with 2 ranks instead of 1" in caplog.text
+
+
+def test_the_lock_records_code_packages_and_the_force_flag_is_taken_off_the_command_line(tmp_path):
+    lock = lock_of(tmp_path, tokenizer_file="a")
+    assert set(lock) >= {"inputs", "code", "packages", "world_size", "loader_workers"}
+    assert lock["packages"]["torch"] and len(lock["inputs"]["tokenizer_file"]["sha256"]) == 64
+    assert pop_force_flag(["x.yaml", "--force_resume=True", "--seed=1"]) == (["x.yaml", "--seed=1"], True)
+    assert pop_force_flag(["x.yaml"]) == (["x.yaml"], False)
