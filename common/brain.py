@@ -8,7 +8,10 @@ the per-term averages of each stage, TensorBoard, the epoch's log line, ``histor
 - ``compute_forward`` and ``compute_objectives`` (calling ``add_figures`` with what it reports);
 - ``batch_budgets()``: what one batch holds, per modality (logged as the effective batch);
 - optionally ``evaluation_figures(stage)`` (e.g. WER of the validation decode), ``end_test(stats)``,
-  ``checkpoint_key`` (the validation figure that ranks checkpoints) and ``higher_is_better``.
+  ``checkpoint_key`` (the validation figure that ranks checkpoints) and ``higher_is_better``;
+- with evaluation split across torchrun ranks (loaders made with ``share="batches"``):
+  ``evaluation_state()`` / ``merge_evaluation_states(states)``, what each rank decoded and how the main
+  figures are made of all ranks' (every rank then holds the figures of the whole split).
 
 A wall-clock budget (``train_minutes`` in the hparams; null: none) ends training after the epoch that
 spends it, counting the minutes of earlier runs of the same experiment (``history.json``).
@@ -86,6 +89,19 @@ class RecipeBrain(sb.Brain):
     def end_test(self, stats):
         """What a test stage leaves behind (results files); nothing by default."""
 
+    def evaluation_state(self):
+        """What this rank's evaluation collected beyond the averaged figures (picklable); None."""
+        return None
+
+    def merge_evaluation_states(self, states):
+        """Make the stage's evaluation of every rank's ``evaluation_state()`` (rank order)."""
+
+    def network(self, stage):
+        """The model for ``stage``: DDP-wrapped in training, the plain module when evaluating, whose
+        ranks decode different numbers of batches (DDP's forward would wait for the others)."""
+        model = self.modules.model
+        return model.module if stage != sb.Stage.TRAIN and hasattr(model, "module") else model
+
     # ---- lifecycle ----
 
     def fit(self, epoch_counter, train_set, valid_set=None, *args, **kwargs):
@@ -110,6 +126,11 @@ class RecipeBrain(sb.Brain):
             self.train_loader.set_epoch(epoch)
         self.stage_began = time.perf_counter()
         self.figure_sums, self.figure_counts = defaultdict(float), defaultdict(int)
+        self.evaluated_batches = 0
+
+    def evaluate_batch(self, batch, stage):
+        self.evaluated_batches += 1
+        return super().evaluate_batch(batch, stage)
 
     def on_fit_batch_start(self, batch, should_step):
         """Step the learning-rate schedule so that the coming update uses its rate: update n is made
@@ -127,6 +148,8 @@ class RecipeBrain(sb.Brain):
     def on_stage_end(self, stage, stage_loss, epoch=None):
         """Training keeps its figures for the epoch's line; validation (or training, when there is
         none) ends the epoch; a test stage goes to ``end_test``."""
+        if stage != sb.Stage.TRAIN and rank_and_world_size()[1] > 1:
+            stage_loss = self.gather_evaluation(stage_loss)
         stats = {"loss": stage_loss, **self.stage_figures()}
         if stage == sb.Stage.TRAIN:
             self.train_stats = {**stats, "data_wait": round(self.data_wait_share(), 4)}
@@ -177,6 +200,22 @@ class RecipeBrain(sb.Brain):
             plot_curves(history.records, os.path.join(folder, CURVES_NAME))
         except Exception as error:  # a broken plot must never stop training
             logger.warning("could not draw %s: %s", CURVES_NAME, error)
+
+    def gather_evaluation(self, stage_loss):
+        """Under torchrun, the loss, figures and evaluation state of every rank's share of the split,
+        combined on every rank; returns the loss per batch over all ranks."""
+        share = (float(stage_loss) * self.evaluated_batches, self.evaluated_batches, dict(self.figure_sums),
+                 dict(self.figure_counts), self.evaluation_state())
+        shares = [None] * rank_and_world_size()[1]
+        torch.distributed.all_gather_object(shares, share)
+        self.figure_sums, self.figure_counts = defaultdict(float), defaultdict(int)
+        for _, _, sums, counts, _ in shares:
+            for name in sums:
+                self.figure_sums[name] += sums[name]
+                self.figure_counts[name] += counts[name]
+        self.merge_evaluation_states([state for *_, state in shares])
+        batches = sum(count for _, count, *_ in shares)
+        return sum(loss for loss, *_ in shares) / max(batches, 1)
 
     # ---- helpers ----
 

@@ -15,7 +15,7 @@ import logging
 
 import torch
 from speechbrain.decoders.ctc import ctc_greedy_decode
-from speechbrain.decoders.scorer import CTCScorer, LengthScorer, ScorerBuilder
+from speechbrain.decoders.scorer import CTCScorer, LengthScorer, RNNLMScorer, ScorerBuilder, TransformerLMScorer
 from speechbrain.decoders.seq2seq import S2STransformerBeamSearcher
 
 from common.tokens import BLANK, BOS, EOS
@@ -75,12 +75,27 @@ class JointCTCAttentionSearcher(S2STransformerBeamSearcher):
         return torch.zeros_like(log_probs), memory, attn
 
 
-def build_scorer(ctc_lin, vocab_size, ctc_weight, length_bonus):
-    """The SpeechBrain scorer adding CTC prefix scores and a per-token bonus; None if neither."""
+def lm_scorer(lm):
+    """``(scorer, weight name)`` of a language model for SpeechBrain's ``ScorerBuilder``: an RNNLM
+    (a module returning ``(logits, hidden)``) carries its state, a TransformerLM rescores the prefix."""
+    from speechbrain.lobes.models.RNNLM import RNNLM
+
+    if isinstance(lm, RNNLM):
+        return RNNLMScorer(language_model=lm), "rnnlm"
+    return TransformerLMScorer(language_model=lm), "transformerlm"
+
+
+def build_scorer(ctc_lin, vocab_size, ctc_weight, length_bonus, lm=None, lm_weight=0.0):
+    """The SpeechBrain scorer adding CTC prefix scores, a per-token bonus and a language model's
+    scores (shallow fusion); None if none of them is used."""
     scorers, weights = [], {}
     if ctc_weight > 0.0:
         scorers.append(CTCScorer(ctc_fc=ctc_lin, blank_index=BLANK, eos_index=EOS))
         weights["ctc"] = ctc_weight
+    if lm is not None and lm_weight > 0.0:
+        scorer, name = lm_scorer(lm)
+        scorers.append(scorer)
+        weights[name] = lm_weight
     if length_bonus != 0.0:
         scorers.append(LengthScorer(vocab_size=vocab_size))
         weights["length"] = length_bonus
@@ -96,11 +111,13 @@ def build_beam_searcher(
     max_decode_ratio=1.0,
     temperature=1.0,
     prefix_tokens=(),
+    lm=None,
+    lm_weight=0.0,
 ):
     """Batched joint CTC / attention beam search over a ``SpeechEncoderDecoder``.
 
     Scores are ``(1 - ctc_weight) * log p_attention + ctc_weight * log p_ctc_prefix``
-    (+ ``length_bonus`` per token), summed over the hypothesis.
+    (+ ``lm_weight * log p_lm`` + ``length_bonus`` per token), summed over the hypothesis.
 
     Arguments
     ---------
@@ -121,6 +138,10 @@ def build_beam_searcher(
         Softmax temperature of the attention decoder.
     prefix_tokens : list of int
         Token ids given to the decoder after ``<s>`` and never predicted (a target-language tag).
+    lm : torch.nn.Module, optional
+        A language model over the same tokens (``recipes/lm``; ``common.inference.load_language_model``).
+    lm_weight : float
+        Its weight in the score (shallow fusion); 0 leaves it out.
 
     Returns
     -------
@@ -142,7 +163,7 @@ def build_beam_searcher(
         min_decode_ratio=0.0,
         max_decode_ratio=max_decode_ratio,
         beam_size=beam_size,
-        scorer=build_scorer(model.ctc_lin, vocab_size, ctc_weight, length_bonus),
+        scorer=build_scorer(model.ctc_lin, vocab_size, ctc_weight, length_bonus, lm, lm_weight),
         using_eos_threshold=False,
         length_normalization=length_normalization,
         temperature=temperature,

@@ -17,6 +17,7 @@ import os
 
 import torch
 from speechbrain.utils.checkpoints import average_checkpoints
+from speechbrain.utils.distributed import if_main_process
 
 from common.atomic import atomic_write_text
 
@@ -55,7 +56,7 @@ def average_best_checkpoints(checkpointer, model, num, min_key=None, max_key=Non
     model.load_state_dict(averaged, strict=True)
     used = [str(c.path) for c in checkpoints]
     logger.info("averaged %d checkpoint(s) by %s: %s", len(used), min_key or max_key, used)
-    if save_path is not None:
+    if save_path is not None and if_main_process():  # every rank loads the average, one writes it
         stats = normalize._statistics_dict() if normalize is not None else None
         torch.save({"model": averaged, "normalize": stats, "averaged": used}, save_path)
     return used

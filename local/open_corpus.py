@@ -30,6 +30,8 @@ TRAIN_VOICES = [
 UNSEEN_VOICES = ["espeak:en-gb-x-gbcwmd+m6", "espeak:en-029+f2", "espeak:en-us-nyc+m8",
                  "espeak:en-gb-scotland+klatt4", "flite:rms", "festival:ked_diphone"]
 SPLITS = ("train", "dev", "test_seen", "test_unseen")
+HELD_OUT = ("dev", "test_seen", "test_unseen")  # their sentences never reach the language-model text
+LM_TEXT = "lm_text.txt"
 DEFAULT_COUNTS = {"train": 1500, "dev": 150, "test_seen": 150, "test_unseen": 150}
 RATES = (8000, 11025, 16000, 22050, 24000, 32000, 44100, 48000)
 RATE_WEIGHTS = (0.10, 0.05, 0.30, 0.15, 0.05, 0.05, 0.20, 0.10)
@@ -61,6 +63,12 @@ def plan_utterances(counts, seed):
                          **draw_conditions(voices_of(split), rng)})
         start += counts[split]
     return plan
+
+
+def lm_sentences(plan):
+    """Every transcript of the source text in book order, less those of the held-out splits' utterances."""
+    held_out = {u["text"] for u in plan if u["split"] in HELD_OUT}
+    return [text for _, text in kjv_sentences() if text not in held_out]
 
 
 def draw_conditions(voices, rng):

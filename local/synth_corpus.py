@@ -11,7 +11,8 @@ is spoken by a voice never heard in training.
 ``--profile open``: an open-vocabulary corpus (``local/open_corpus.py``): King James Bible sentences
 (12,000 distinct words) spoken by 23 training voices of espeak-ng, flite and festival, with noise,
 rooms, silences, levels, sample rates of 8-48 kHz, wav / flac / mp3 / ogg and some stereo files;
-splits train (about 2 h), dev, test_seen (training voices) and test_unseen (6 voices never heard).
+splits train (about 2 h), dev, test_seen (training voices) and test_unseen (6 voices never heard),
+and ``lm_text.txt``: the 58,000 other sentences of the text, none from dev or test, for a language model.
 
     python local/synth_corpus.py data/open/corpus --profile open
 
@@ -247,6 +248,16 @@ def main(argv=None):
         atomic_write_text(manifest, "".join(json.dumps(r) + "\n" for r in records))
         logger.info("%s: %d utterances, %.2f h -> %s", split, len(records),
                     sum(r["duration"] for r in records) / 3600, manifest)
+    if args.profile == "open":
+        write_lm_text(plan, os.path.join(args.out_dir, open_corpus.LM_TEXT))
+
+
+def write_lm_text(plan, path):
+    """The open corpus' text for a language model: every sentence of the source text that no dev or
+    test utterance says (the training transcripts included), one a line."""
+    sentences = open_corpus.lm_sentences(plan)
+    atomic_write_text(path, "".join(sentence + "\n" for sentence in sentences))
+    logger.info("language-model text: %d sentences, none from dev or test -> %s", len(sentences), path)
 
 
 def remove_temporaries(out_dir, folders):

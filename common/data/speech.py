@@ -18,7 +18,7 @@ from common.data.audio import BadDataCounts, choose_speeds, decode_member, speed
 from common.data.config import SpeechLoaderConfig
 from common.data.metadata import read_speech_metadata
 from common.data.pipeline import Tokenizer, collate, count_tokens, keep_mask, speech_sample
-from common.data.planning import batches_to_skip, plan_epoch
+from common.data.planning import SlotPlan, batches_to_skip, plan_epoch
 from common.data.stream import BatchStream
 
 logger = logging.getLogger(__name__)
@@ -146,10 +146,10 @@ class SpeechLoader(BatchStream):
 
     name = "speech"
 
-    def __init__(self, metadata, dataset, config, seed, rank, world_size):
+    def __init__(self, metadata, dataset, config, seed, rank, world_size, share="shards"):
         super().__init__()
         self.metadata, self.dataset, self.config = metadata, dataset, config
-        self.seed, self.rank, self.world_size = seed, rank, world_size
+        self.seed, self.rank, self.world_size, self.share = seed, rank, world_size, share
         self._plans = {}
         self.bad_data = Counter()
 
@@ -171,12 +171,20 @@ class SpeechLoader(BatchStream):
         if epoch not in self._plans:
             rng, config = np.random.default_rng([self.seed, epoch, 1]), self.config
             speeds = choose_speeds(len(self.metadata), config.speed_perturb, rng)
+            planned_ranks = self.world_size if self.share == "shards" else 1
             plan = plan_epoch(self.metadata.durations / speeds, self.metadata.shard_of_row, self.seed, epoch,
-                              self.world_size, config.num_workers, budget=config.max_batch_seconds,
+                              planned_ranks, config.num_workers, budget=config.max_batch_seconds,
                               max_batch_size=config.max_batch_size, buffer_size=config.batch_buffer,
                               emit_fraction=config.emit_fraction)
-            self._plans = {epoch: (plan[self.rank], speeds)}
+            self._plans = {epoch: (self.rank_share(plan), speeds)}
         return self._plans[epoch]
+
+    def rank_share(self, plan):
+        """This rank's slots: its own shards' (``share="shards"``), or every ``world_size``-th batch of
+        the one-rank plan (``share="batches"``: evaluation, where a single shard still splits)."""
+        if self.share == "shards":
+            return plan[self.rank]
+        return [SlotPlan(slot.shards, slot.stream_rows, slot.batches[self.rank::self.world_size]) for slot in plan[0]]
 
     def batches_in_epoch(self, epoch):
         slots, _ = self.plan(epoch)
@@ -207,7 +215,7 @@ class SpeechLoader(BatchStream):
 
 
 def make_speech_loader(parquets, tokenizer, config, seed=0, rank=0, world_size=1, fbank=None, text_field="text",
-                       prefix_tokens=None):
+                       prefix_tokens=None, share="shards"):
     """Build the speech loader of one rank.
 
     Arguments
@@ -229,6 +237,10 @@ def make_speech_loader(parquets, tokenizer, config, seed=0, rank=0, world_size=1
     prefix_tokens : list of str or int, optional
         Tokens put before every target, e.g. ``["<fr>"]`` (a target-language tag, a user symbol of
         the tokenizer) or ids; ``tokens_bos`` becomes ``[1, tag, ...]``. Batch ``text`` stays plain.
+    share : str
+        How ranks divide the data: ``"shards"`` (training: whole shards per rank, the same number of
+        batches on every rank) or ``"batches"`` (evaluation: the batches of the one-rank plan dealt
+        round-robin, every utterance exactly once, ranks differing by at most one batch).
 
     Returns
     -------
@@ -262,7 +274,9 @@ def make_speech_loader(parquets, tokenizer, config, seed=0, rank=0, world_size=1
         )
     features = fbank if config.fbank_in_loader else None
     dataset = ShardStreamDataset(metadata, tokenizer, features, prefix_ids, config.cache_audio)
-    return SpeechLoader(metadata, dataset, config, seed, rank, world_size)
+    if share not in ("shards", "batches"):
+        raise ValueError(f"share={share!r}: use 'shards' (training) or 'batches' (evaluation)")
+    return SpeechLoader(metadata, dataset, config, seed, rank, world_size, share)
 
 
 def texts_present(texts, text_field):

@@ -7,7 +7,8 @@
 #   bash recipes/finetune/run.sh --stage 2 --stop_stage 2 -- --max_batch_seconds=100
 #   bash recipes/finetune/run.sh --config hparams/demo_st.yaml   # speech translation of the demo
 #   bash recipes/finetune/run.sh --pretrained exp/pretrain_demo  # from recipes/pretrain/run.sh
-#   bash recipes/finetune/run.sh --stage 2 --nproc_per_node 8 ...  # torchrun DDP over 8 GPUs
+#   bash recipes/finetune/run.sh --stage 2 --nproc_per_node 8 ...  # torchrun DDP over 8 GPUs (stage 3:
+#                                                         # the 8 processes decode a share each)
 #
 # Data options take anything local/make_shards.py reads (a .jsonl/.tsv manifest, a Kaldi folder, a
 # folder of audio) or a shard folder made by it. Each stage is safe to rerun: training resumes from
@@ -29,7 +30,7 @@ config=""           # train.py config, relative to recipes/finetune/ or to the r
 exp=""              # experiment folder (default: exp/finetune_<config name>)
 pretrained=""       # a recipes/pretrain experiment folder: start from its weights, use its tokenizer
 jobs=$(nproc)       # processes for synthesis and shard encoding
-nproc_per_node=1    # training processes (GPUs) on this node: more than 1 trains under torchrun
+nproc_per_node=1    # processes (GPUs) on this node: more than 1 trains and decodes under torchrun
 torchrun_args=""    # several nodes: e.g. "--nnodes=2 --rdzv_backend=c10d --rdzv_endpoint=node0:29500 --rdzv_id=x"
 python=${PYTHON:-.venv/bin/python}
 usage="Usage: $0 [--stage N] [--stop_stage N] [--data DIR] [--train PATH] [--valid PATH]
@@ -71,7 +72,7 @@ if [ "$stage" -le 0 ] && [ "$stop_stage" -ge 0 ]; then
     out=$(shard_dir "$name" "$path")
     if [ "$out" != "$path" ]; then
       log "Stage 0: data: shard $name: $path -> $out"
-      $python local/make_shards.py "$path" "$out" --jobs "$jobs" --prefix "$name" --shard-size 64
+      $python local/make_shards.py "$path" "$out" --jobs "$jobs" --prefix "$name" --shard-size 64 --rebuild
     fi
     $python local/check_shards.py "$out" --jobs "$jobs"
   done
@@ -118,7 +119,7 @@ fi
 
 if [ "$stage" -le 3 ] && [ "$stop_stage" -ge 3 ]; then
   log "Stage 3: decode + score: $test_parquets -> $exp/results.json"
-  $python recipes/finetune/train.py "${train_args[@]}" --do_train=False "${passthrough[@]}"
+  launch_training recipes/finetune/train.py "${train_args[@]}" --do_train=False "${passthrough[@]}"  # ranks split it
   $python local/results_table.py "$exp/results.json"
   log "Learning curves (loss per term, validation WER / CER, learning rate per epoch): $exp/curves.png"
 fi

@@ -22,6 +22,7 @@ from common.data import SpeechLoaderConfig, Tokenizer, make_speech_loader, speec
 from common.decoding import beam_search, build_beam_searcher, ctc_greedy, ids_to_text
 from common.evaluation import average_best_checkpoints, record_results
 from common.feasibility import ctc_feasibility, warn_if_infeasible
+from common.inference import load_language_model
 from common.metrics import TranscriptMetrics
 from common.models.transfer import check_same_tokenizer, load_pretrained
 from common.objectives import joint_ctc_attention_loss
@@ -53,7 +54,7 @@ class ASR(RecipeBrain):
         batch = batch.to(self.device)
         wavs, wav_lens = speech_input(batch)
         epoch = self.hparams.epoch_counter.current
-        return self.modules.model(wavs, wav_lens, batch.tokens_bos.data, epoch=epoch), wav_lens
+        return self.network(stage)(wavs, wav_lens, batch.tokens_bos.data, epoch=epoch), wav_lens
 
     def compute_objectives(self, predictions, batch, stage):
         """Joint loss (per-term figures kept for logging); evaluation stages also decode and score."""
@@ -88,23 +89,33 @@ class ASR(RecipeBrain):
         bleu = self.hparams.compute_bleu
         self.metrics = {"ctc_greedy": TranscriptMetrics(bleu=bleu), "beam": TranscriptMetrics(bleu=bleu)}
 
+    def evaluation_state(self):
+        """Each search's (ids, hypotheses, references) of this rank's share of the split."""
+        return {name: metrics.state() for name, metrics in self.metrics.items()}
+
+    def merge_evaluation_states(self, states):
+        """Every rank's hypotheses in one set of metrics per search (rank order)."""
+        bleu = self.hparams.compute_bleu
+        self.metrics = {name: TranscriptMetrics.merged([state[name] for state in states], bleu=bleu)
+                        for name in self.metrics}
+
     def evaluation_figures(self, stage):
         """WER / CER (and BLEU) of the stage's search, upper-case as the checkpoints rank them."""
         return {key.upper(): value for key, value in self.metrics[self.search(stage)].summary().items()}
 
     def end_test(self, stats):
-        """Alignment files, results.json / results.txt and the test line of the train log (the main
-        process writes them; under torchrun every rank scores the whole split)."""
-        if not sb.utils.distributed.if_main_process():
-            return
+        """Alignment and hypothesis files, results.json / results.txt and the test line of the train log
+        (the main process writes them; under torchrun each rank decoded a share of the split)."""
         folder, primary = self.hparams.output_folder, self.metrics[self.hparams.test_search]
-        primary.write(folder, self.split)
-        self.metrics["ctc_greedy"].write(folder, f"{self.split}_ctc_greedy")
-        line = record_results(
-            folder, self.split, primary.summary(), search=self.hparams.test_search,
-            ctc_greedy=self.metrics["ctc_greedy"].summary(), config=self.hparams.config_file,
-            checkpoint=os.path.join(folder, "averaged.ckpt"), averaged=self.averaged)
-        logger.info("%s", line)
+        if sb.utils.distributed.if_main_process():
+            primary.write(folder, self.split)
+            self.metrics["ctc_greedy"].write(folder, f"{self.split}_ctc_greedy")
+            line = record_results(
+                folder, self.split, primary.summary(), search=self.hparams.test_search,
+                ctc_greedy=self.metrics["ctc_greedy"].summary(), config=self.hparams.config_file,
+                checkpoint=os.path.join(folder, "averaged.ckpt"), averaged=self.averaged)
+            logger.info("%s", line)
+        # every rank calls it: SpeechBrain's logger writes on the main process and broadcasts
         self.hparams.train_logger.log_stats({"split": self.split}, test_stats=primary.summary())
 
     def on_fit_start(self):
@@ -133,7 +144,16 @@ class ASR(RecipeBrain):
         self.searcher = build_beam_searcher(
             model, beam_size=self.hparams.beam_size, ctc_weight=self.hparams.ctc_weight,
             length_normalization=self.hparams.length_normalization, length_bonus=self.hparams.length_bonus,
-            max_decode_ratio=self.hparams.max_decode_ratio, prefix_tokens=self.prefix_ids)
+            max_decode_ratio=self.hparams.max_decode_ratio, prefix_tokens=self.prefix_ids,
+            lm=self.language_model(), lm_weight=self.hparams.lm_weight)
+
+    def language_model(self):
+        """The ``lm_dir`` language model for shallow fusion (loaded once); None without one."""
+        if not self.hparams.lm_dir or self.hparams.lm_weight <= 0.0:
+            return None
+        if getattr(self, "lm", None) is None:
+            self.lm = load_language_model(self.hparams.lm_dir, self.hparams.tokenizer_file, self.device)
+        return self.lm
 
 
 def check_checkpoint_key(key):
@@ -144,14 +164,15 @@ def check_checkpoint_key(key):
 
 
 def speech_loader(hparams, parquet, training, rank=0, world_size=1):
-    """A loader over ``parquet`` as the ``train_loader`` block says (this rank's share), or as the
-    ``eval_loader`` block says (every utterance; results are written by the main process)."""
+    """This rank's loader over ``parquet``: its shards as the ``train_loader`` block says, or its
+    share of the batches as the ``eval_loader`` block says (decoding split across ranks; the
+    figures are gathered and the results written by the main process)."""
     block = "train_loader" if training else "eval_loader"
     config = SpeechLoaderConfig.from_config(hparams[block], block)
     loader = make_speech_loader(parquet, hparams["tokenizer_file"], config,
                                 seed=hparams["seed"], rank=rank, world_size=world_size,
                                 fbank=hparams["graph"]["compute_features"], text_field=hparams["text_field"],
-                                prefix_tokens=hparams["prefix_tokens"])
+                                prefix_tokens=hparams["prefix_tokens"], share="shards" if training else "batches")
     loader.name = "train" if training else split_name(parquet)  # labels its end-of-pass log line
     return loader
 
@@ -182,7 +203,7 @@ def init_from_pretrained(hparams):
 def input_keys(hparams):
     """The config keys naming files this run reads (checked before any work)."""
     return (["tokenizer_file", "pretrained"] + (["train_parquet", "valid_parquet"] if hparams["do_train"] else [])
-            + (["test_parquets"] if hparams["do_test"] else []))
+            + (["test_parquets", "lm_dir"] if hparams["do_test"] else []))
 
 
 def build_brain(argv, brain_class=ASR):
@@ -207,10 +228,10 @@ def main(argv):
         check_ctc_alignment(brain.train_loader, brain.tokenizer, hparams["model"])
         hparams["checkpointer"].add_recoverable("train_loader", brain.train_loader)
         brain.fit(hparams["epoch_counter"], brain.train_loader,
-                  speech_loader(hparams, hparams["valid_parquet"], False))
+                  speech_loader(hparams, hparams["valid_parquet"], False, *rank_and_world_size()))
     if hparams["do_test"]:
         for parquet in hparams["test_parquets"]:
-            test_loader = speech_loader(hparams, parquet, False)
+            test_loader = speech_loader(hparams, parquet, False, *rank_and_world_size())
             brain.split = test_loader.name  # names its results, alignments and log line
             brain.evaluate(test_loader, **brain.ranking())
 

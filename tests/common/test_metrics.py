@@ -1,5 +1,7 @@
 """Tests for common/metrics.py on strings whose error rates are known by hand."""
 
+import json
+
 import pytest
 
 from common.metrics import TranscriptMetrics
@@ -35,6 +37,18 @@ def test_write_puts_alignments_of_every_utterance_in_wer_split_txt(tmp_path):
     assert "%WER 20.00" in text and "%CER" in text
     assert "utt_a" in text and "utt_b" in text
     assert " x " in text and " b " in text  # the substituted pair is shown aligned
+
+
+def test_write_adds_sclite_trn_and_jsonl_hypothesis_files_in_utterance_order(tmp_path):
+    """hyp_<split>.trn / ref_<split>.trn hold ``text (id)`` lines, hyp_<split>.jsonl key, hyp and ref,
+    one per utterance in the order appended (an empty hypothesis included)."""
+    metrics = TranscriptMetrics()
+    metrics.append(["u2", "u1"], ["b c", ""], ["b d", "a"])
+    metrics.write(str(tmp_path), "dev")
+    assert (tmp_path / "hyp_dev.trn").read_text().splitlines() == ["b c (u2)", " (u1)"]
+    assert (tmp_path / "ref_dev.trn").read_text().splitlines() == ["b d (u2)", "a (u1)"]
+    records = [json.loads(line) for line in (tmp_path / "hyp_dev.jsonl").read_text().splitlines()]
+    assert records == [{"key": "u2", "hyp": "b c", "ref": "b d"}, {"key": "u1", "hyp": "", "ref": "a"}]
 
 
 def test_bleu_is_100_for_exact_translations_and_lower_otherwise():

@@ -1,6 +1,9 @@
 """Finetune recipe under torchrun (2 CPU ranks, gloo) and after kill -9, on real espeak-ng shards."""
 
+import json
 import os
+import re
+import shutil
 import signal
 import subprocess
 import sys
@@ -104,3 +107,25 @@ def test_two_ranks_under_torchrun_see_every_sample_once_per_epoch_in_equal_steps
     assert [line["update"] for line in ranks[0]] == [line["update"] for line in ranks[1]]
     losses = epoch_losses(exp / "train_log.txt")
     assert len(losses) == 3 and losses[-1] < losses[0], losses
+    num_dev = pq.read_table(speech_shards["dev"] / "metadata_pool.parquet").num_rows
+    validated = re.findall(r"valid NUM_UTTERANCES: (\d+)", (exp / "train_log.txt").read_text())
+    assert validated == [str(num_dev)] * 3  # each rank validated a share; the figures cover all of dev
+
+
+def test_two_ranks_decode_a_share_each_and_score_the_same_as_one_process(speech_shards, tmp_path):
+    """run.sh stage 3 with --nproc_per_node 2 splits the test batches between two ranks and reduces
+    on the main process: the same WER, CER, utterance count and hypotheses as one process."""
+    exp = tmp_path / "exp"
+    common = ["--data", str(tmp_path / "data"), "--vocab_size", "60", "--config", "hparams/demo.yaml",
+              *data_options(speech_shards)]
+    run_sh("--stage", "1", "--stop_stage", "2", "--exp", str(exp), *common, "--", *TINY, "--number_of_epochs=2")
+    shutil.copytree(exp, tmp_path / "one")
+    run_sh("--stage", "3", "--exp", str(exp), "--nproc_per_node", "2", *common, "--", *TINY)
+    run_sh("--stage", "3", "--exp", str(tmp_path / "one"), *common, "--", *TINY)
+    figures = [json.loads((folder / "results.json").read_text())["test"] for folder in (exp, tmp_path / "one")]
+    num_test = pq.read_table(speech_shards["test"] / "metadata_pool.parquet").num_rows
+    assert figures[0]["num_utterances"] == num_test
+    for key in ("wer", "cer", "num_utterances"):
+        assert figures[0][key] == figures[1][key], key
+    hyps = [sorted((folder / "hyp_test.trn").read_text().splitlines()) for folder in (exp, tmp_path / "one")]
+    assert hyps[0] == hyps[1] and len(hyps[0]) == num_test

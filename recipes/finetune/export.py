@@ -1,0 +1,222 @@
+#!/usr/bin/env python3
+"""Export a trained finetune experiment as a SpeechBrain pretrained-model folder.
+
+    python recipes/finetune/export.py exp/finetune_demo exported/demo_asr
+
+OUT_DIR then holds ``hyperparams.yaml`` (the model graph of the experiment's config with SpeechBrain's
+inference modules: encoder, joint CTC/attention beam searcher, tokenizer, pretrainer), the averaged
+weights (``asr.ckpt``), the feature statistics (``normalizer.ckpt``), the tokenizer (``tokenizer.ckpt``),
+the language model when the experiment decodes with one (``lm.ckpt``, ``--lm_dir`` / ``--lm_weight``)
+and a README.md. It loads without Tandem::
+
+    from speechbrain.inference.ASR import EncoderDecoderASR
+    asr = EncoderDecoderASR.from_hparams(source="exported/demo_asr", savedir="pretrained/demo_asr")
+    asr.transcribe_file("recording.wav")
+
+and decodes as ``recipes/finetune/transcribe.py`` does (same search, beam and CTC weight). Two cases
+need Tandem importable, because plain SpeechBrain cannot express them: a target-language prefix
+(``prefix_tokens``, speech translation) and ``ctc_weight: 1.0`` (see common.decoding).
+"""
+
+import argparse
+import os
+import shutil
+import sys
+
+import torch
+
+from common.atomic import atomic_path, atomic_write_text
+from common.data import Tokenizer, vocab_size
+from common.inference import (
+    averaged_checkpoint,
+    decoding_settings,
+    graph_yaml,
+    load_language_model,
+    read_config_tree,
+)
+from common.tokens import BLANK, BOS, EOS
+
+# The graph's modules with a state (weights, filterbank buffers), named as SpeechEncoderDecoder saves them.
+WEIGHT_MODULES = ("compute_features", "frontend", "transformer", "ctc_lin", "seq_lin")
+# Training-only parts of the graph left out of the exported config (and Tandem's own model class).
+TRAINING_ONLY = ("model", "augment", "time_warp", "time_drop", "freq_drop")
+PLAIN_SEARCHER = "speechbrain.decoders.seq2seq.S2STransformerBeamSearcher"
+TANDEM_SEARCHER = "common.decoding.JointCTCAttentionSearcher"
+
+INFERENCE_YAML = """
+# ---- Inference (recipes/finetune/export.py) ----
+tokenizer: !new:sentencepiece.SentencePieceProcessor
+
+encoder: !new:speechbrain.nnet.containers.LengthsCapableSequential
+    compute_features: !ref <compute_features>
+    normalize: !ref <normalize>
+    frontend: !ref <frontend>
+    transformer_encoder: !new:speechbrain.lobes.models.transformer.TransformerASR.EncoderWrapper
+        transformer: !ref <transformer>
+{scorer}
+decoder: !new:{searcher}
+    modules: [!ref <transformer>, !ref <seq_lin>]
+    bos_index: {bos}
+    eos_index: {eos}
+    min_decode_ratio: 0.0
+    max_decode_ratio: {max_decode_ratio}
+    beam_size: {beam_size}
+    using_eos_threshold: False
+    length_normalization: {length_normalization}
+    temperature: 1.0{scorer_ref}{prefix}
+
+modules:
+    encoder: !ref <encoder>
+    decoder: !ref <decoder>
+
+asr_model: !new:torch.nn.ModuleDict
+    modules:
+{weight_modules}
+
+pretrainer: !new:speechbrain.utils.parameter_transfer.Pretrainer
+    loadables:
+        asr: !ref <asr_model>
+        normalizer: !ref <normalize>
+        tokenizer: !ref <tokenizer>
+{lm_loadable}"""
+
+README = """# {name}: speech recognition exported from a Tandem experiment
+
+Exported by `recipes/finetune/export.py {exp_dir}`. Load it with SpeechBrain alone:
+
+```python
+from speechbrain.inference.ASR import EncoderDecoderASR
+asr = EncoderDecoderASR.from_hparams(source="{out_dir}", savedir="pretrained_models/{name}")
+print(asr.transcribe_file("recording.wav"))
+```
+
+Search: joint CTC/attention beam search, beam {beam_size}, CTC weight {ctc_weight}, language model
+{lm}.
+Test results of the experiment (its results.txt):
+
+{results}
+"""
+
+
+def parse_args(argv):
+    parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    parser.add_argument("exp_dir", help="a finetune experiment folder (hyperparams.yaml, averaged.ckpt)")
+    parser.add_argument("out_dir", help="the folder to write (created; files in it are replaced)")
+    parser.add_argument("--tokenizer", default=None, help="the tokenizer, when not at the config's tokenizer_file")
+    parser.add_argument("--lm_dir", default=None, help="a recipes/lm experiment to fuse (default: the config's)")
+    parser.add_argument("--lm_weight", type=float, default=None, help="its weight (default: the config's)")
+    return parser.parse_args(argv)
+
+
+def scorer_yaml(settings, lm_class=None):
+    """The scorer block of the searcher: CTC prefix scores, the language model (``lm_class``: its
+    class name, RNNLM or TransformerLM) and a per-token bonus, as ``common.decoding.build_scorer``
+    builds them; empty when none is used."""
+    scorers, weights = [], []
+    if settings["ctc_weight"] > 0.0:
+        scorers.append("!new:speechbrain.decoders.scorer.CTCScorer\n"
+                       f"            ctc_fc: !ref <ctc_lin>\n            blank_index: {BLANK}\n"
+                       f"            eos_index: {EOS}")
+        weights.append(f"ctc: {settings['ctc_weight']}")
+    if lm_class is not None:
+        scorers.append(f"!new:speechbrain.decoders.scorer.{lm_class}Scorer\n"
+                       "            language_model: !ref <lm_model>")
+        weights.append(f"{lm_class.lower()}: {settings['lm_weight']}")
+    if settings["length_bonus"] != 0.0:
+        scorers.append("!new:speechbrain.decoders.scorer.LengthScorer\n"
+                       "            vocab_size: !ref <vocab_size>")
+        weights.append(f"length: {settings['length_bonus']}")
+    if not scorers:
+        return ""
+    listed = "".join(f"\n        - {scorer}" for scorer in scorers)
+    return (f"\nscorer: !new:speechbrain.decoders.scorer.ScorerBuilder\n    full_scorers:{listed}\n"
+            f"    weights: {{{', '.join(weights)}}}\n")
+
+
+def inference_yaml(settings, lm_class=None):
+    """The inference part of the exported hyperparams.yaml for the config's decoding ``settings``
+    (and its language model, of class ``lm_class``, when it has one)."""
+    needs_tandem = bool(settings["prefix_tokens"]) or settings["ctc_weight"] >= 1.0
+    scorer = scorer_yaml(settings, lm_class)
+    prefix = ""
+    if settings["prefix_tokens"]:
+        prefix = "\n    prefix_tokens: " + str(settings["prefix_ids"])
+    return INFERENCE_YAML.format(
+        scorer=scorer, searcher=TANDEM_SEARCHER if needs_tandem else PLAIN_SEARCHER, bos=BOS, eos=EOS,
+        max_decode_ratio=settings["max_decode_ratio"], beam_size=settings["beam_size"],
+        length_normalization=settings["length_normalization"],
+        scorer_ref="\n    scorer: !ref <scorer>" if scorer else "", prefix=prefix,
+        weight_modules="".join(f"        {name}: !ref <{name}>\n" for name in WEIGHT_MODULES),
+        lm_loadable="        lm: !ref <lm_model>\n" if lm_class else "")
+
+
+def weights(state):
+    """The averaged model's parameters under the exported ModuleDict's names (no-weight modules out)."""
+    kept = {key: value for key, value in state.items() if key.split(".")[0] in WEIGHT_MODULES}
+    unknown = sorted({key.split(".")[0] for key in state} - set(WEIGHT_MODULES))
+    if unknown:
+        raise ValueError(f"the averaged model has weights under {unknown}, which the exported graph "
+                         f"lacks: add them to WEIGHT_MODULES and the encoder in {__file__}")
+    return kept
+
+
+def save_torch(obj, path):
+    """torch.save through a temporary file, so a killed export never leaves half a checkpoint."""
+    with atomic_path(path) as tmp:
+        torch.save(obj, tmp)
+
+
+def export(exp_dir, out_dir, tokenizer_file=None, **overrides):
+    """Write the SpeechBrain model folder ``out_dir`` of experiment ``exp_dir``; returns its path.
+    ``overrides`` (``lm_dir``, ``lm_weight``) replace the config's decoding settings."""
+    tree = read_config_tree(exp_dir)
+    tokenizer_file = tokenizer_file or tree["tokenizer_file"]
+    num_tokens = vocab_size(tokenizer_file)
+    settings = {**decoding_settings(tree), **overrides}
+    settings["prefix_ids"] = [Tokenizer(tokenizer_file).piece_id(token) for token in settings["prefix_tokens"]]
+    state = torch.load(averaged_checkpoint(exp_dir), map_location="cpu")
+    os.makedirs(out_dir, exist_ok=True)
+    header = (f"# A Tandem finetune experiment ({os.path.basename(os.path.abspath(exp_dir))}) for "
+              "speechbrain.inference.ASR.EncoderDecoderASR (recipes/finetune/export.py).\n")
+    lm_yaml, lm_class = write_language_model(settings, tokenizer_file, num_tokens, out_dir)
+    config = header + graph_yaml(tree, num_tokens, drop=TRAINING_ONLY) + lm_yaml + inference_yaml(settings, lm_class)
+    atomic_write_text(os.path.join(out_dir, "hyperparams.yaml"), config)
+    save_torch(weights(state["model"]), os.path.join(out_dir, "asr.ckpt"))
+    save_torch(state.get("normalize") or {}, os.path.join(out_dir, "normalizer.ckpt"))
+    with atomic_path(os.path.join(out_dir, "tokenizer.ckpt")) as tmp:
+        shutil.copyfile(tokenizer_file, tmp)
+    atomic_write_text(os.path.join(out_dir, "README.md"), readme(exp_dir, out_dir, settings))
+    return out_dir
+
+
+def write_language_model(settings, tokenizer_file, num_tokens, out_dir):
+    """``(its config block, its class name)`` of the language model the settings fuse, its weights
+    written to ``lm.ckpt``; ``("", None)`` without one."""
+    if not settings["lm_dir"] or settings["lm_weight"] <= 0.0:
+        return "", None
+    lm = load_language_model(settings["lm_dir"], tokenizer_file)  # refuses another tokenizer's LM
+    save_torch(lm.state_dict(), os.path.join(out_dir, "lm.ckpt"))
+    return "\n" + graph_yaml(read_config_tree(settings["lm_dir"]), num_tokens, block="lm_model"), type(lm).__name__
+
+
+def readme(exp_dir, out_dir, settings):
+    results_path = os.path.join(exp_dir, "results.txt")
+    results = open(results_path, encoding="utf-8").read().strip() if os.path.isfile(results_path) else "(none)"
+    return README.format(name=os.path.basename(os.path.abspath(out_dir)), exp_dir=exp_dir, out_dir=out_dir,
+                         beam_size=settings["beam_size"], ctc_weight=settings["ctc_weight"],
+                         lm=f"{settings['lm_dir']} at weight {settings['lm_weight']}" if settings["lm_weight"] > 0
+                         and settings["lm_dir"] else "none",
+                         results="\n".join(f"    {line}" for line in results.splitlines()))
+
+
+def main(argv):
+    args = parse_args(argv)
+    overrides = {key: getattr(args, key) for key in ("lm_dir", "lm_weight") if getattr(args, key) is not None}
+    out_dir = export(args.exp_dir, args.out_dir, args.tokenizer, **overrides)
+    print(f"exported {args.exp_dir} to {out_dir}: EncoderDecoderASR.from_hparams(source={out_dir!r}, "
+          "savedir=...)")
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main(sys.argv[1:]))

@@ -1,0 +1,161 @@
+#!/usr/bin/env python3
+"""Transcribe recordings with a trained finetune experiment.
+
+    python recipes/finetune/transcribe.py exp/finetune_demo recordings/          # a folder of audio
+    python recipes/finetune/transcribe.py exp/finetune_demo a.wav b.mp3 --ctc_greedy
+    python recipes/finetune/transcribe.py exp/finetune_demo test.jsonl --output hyps.jsonl
+
+INPUT is audio files (any format, rate and channel count local/make_shards.py reads), folders of them
+(searched recursively), manifests (JSONL / TSV) or Kaldi data folders (wav.scp, optional text and
+segments). Decoding is the experiment's test stage's: its beam, CTC weight and language model
+(``--lm_dir`` / ``--lm_weight`` add or change the LM). Prints ``key<TAB>hypothesis`` per recording in
+input order; ``--output`` also writes them, as JSONL (``.jsonl``) or a Kaldi ``text`` file (any other
+name). Recordings longer than the model's ``max_duration`` are cut at their quietest moments and the
+pieces' texts joined. When inputs carry transcripts (a manifest's ``text``, a folder's ``.txt`` files,
+a Kaldi ``text``), WER / CER are printed.
+
+Unreadable recordings are named, skipped and counted; the exit status is 1 only when nothing could
+be transcribed.
+"""
+
+import argparse
+import json
+import logging
+import os
+import sys
+
+from common.atomic import atomic_write_text
+from common.audio import SAMPLE_RATE, AudioError, read_audio
+from common.inference import length_batches, load_trained, split_at_silences
+from common.metrics import TranscriptMetrics
+from local.corpus_readers import AUDIO_EXTENSIONS, Entry, make_reject, read_corpus, reject_duplicate_keys, sanitize_key
+
+logger = logging.getLogger("transcribe")
+
+
+def parse_args(argv):
+    parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0],
+                                     formatter_class=argparse.RawDescriptionHelpFormatter)
+    parser.add_argument("exp_dir", help="a finetune experiment folder (holds hyperparams.yaml, averaged.ckpt)")
+    parser.add_argument("inputs", nargs="+", help="audio files, folders, manifests (.jsonl/.tsv), Kaldi folders")
+    parser.add_argument("--output", help="also write the hypotheses here: .jsonl, or Kaldi text otherwise")
+    parser.add_argument("--ctc_greedy", action="store_true", help="greedy CTC instead of the joint beam search")
+    parser.add_argument("--beam", type=int, default=None, help="beam size (default: the config's beam_size)")
+    parser.add_argument("--device", default="cpu", help="cpu, cuda, cuda:1 ...")
+    parser.add_argument("--batch_seconds", type=float, default=120.0, help="padded seconds per decoded batch")
+    parser.add_argument("--max_batch_size", type=int, default=32, help="recordings (pieces) per batch at most")
+    parser.add_argument("--group_size", type=int, default=256,
+                        help="recordings read into memory at a time (batches are made within a group)")
+    parser.add_argument("--tokenizer", default=None, help="the tokenizer, when not at the config's tokenizer_file")
+    parser.add_argument("--lm_dir", default=None, help="a recipes/lm experiment: shallow fusion in the beam "
+                        "search (default: the config's lm_dir)")
+    parser.add_argument("--lm_weight", type=float, default=None, help="its weight (default: the config's)")
+    return parser.parse_args(argv)
+
+
+def input_entries(paths):
+    """``(entries, rejects)`` of every input: an audio file is one entry keyed by its name; a folder,
+    manifest or Kaldi folder is read as local/make_shards.py reads it, transcripts optional."""
+    entries, rejects = [], []
+    for path in paths:
+        if path.lower().endswith(AUDIO_EXTENSIONS):  # read (or named as missing) with the others
+            stem = os.path.splitext(os.path.basename(path))[0]
+            entries.append(Entry(sanitize_key(stem), path, None, path))
+            continue
+        if not os.path.exists(path):
+            rejects.append(make_reject(None, path, "missing_input", "no such file or folder"))
+            continue
+        found, bad = read_corpus(path, text_required=False)
+        if not found and not bad:
+            logger.warning("%s holds no audio (%s)", path, ", ".join(AUDIO_EXTENSIONS))
+        entries += found
+        rejects += bad
+    return reject_duplicate_keys(entries, rejects)
+
+
+def read_group(entries):
+    """``(readable entries, waveforms, problems)``: each recording at 16 kHz mono, or why it is skipped."""
+    kept, waveforms, problems = [], [], []
+    for entry in entries:
+        try:
+            waveforms.append(read_audio(entry.audio, entry.start_s, entry.end_s))
+            kept.append(entry)
+        except AudioError as error:
+            problems.append(f"{entry.key} ({entry.audio}): {error.reason}: {error}")
+    return kept, waveforms, problems
+
+
+def transcribe_group(trained, waveforms, args):
+    """One text per waveform: long ones cut at silences, pieces decoded in length-sorted batches."""
+    pieces, owners = [], []
+    for index, waveform in enumerate(waveforms):
+        for start, end in split_at_silences(waveform, trained.settings["max_duration"]):
+            pieces.append(waveform[start:end])
+            owners.append(index)
+    texts = [""] * len(pieces)
+    search = "ctc_greedy" if args.ctc_greedy else "beam"
+    for batch in length_batches([len(p) for p in pieces], args.batch_seconds * SAMPLE_RATE, args.max_batch_size):
+        for index, text in zip(batch, trained.transcribe([pieces[i] for i in batch], search, args.beam)):
+            texts[index] = text
+    joined = [[] for _ in waveforms]
+    for owner, text in zip(owners, texts):
+        if text:
+            joined[owner].append(text)
+    return [" ".join(parts) for parts in joined]
+
+
+def output_text(results, path):
+    """The hypotheses as JSONL (``.jsonl``) or as a Kaldi text file."""
+    if path.endswith(".jsonl"):
+        return "".join(json.dumps({"key": e.key, "audio": e.audio, "text": hyp, **({"reference": e.text} if e.text
+                                   else {})}, ensure_ascii=False) + "\n" for e, hyp in results)
+    return "".join(f"{entry.key} {hyp}".rstrip() + "\n" for entry, hyp in results)
+
+
+def score(results):
+    """WER / CER over the results whose entries have a transcript; None when none has."""
+    scored = [(entry, hyp) for entry, hyp in results if entry.text]
+    if not scored:
+        return None
+    metrics = TranscriptMetrics()
+    metrics.append([e.key for e, _ in scored], [hyp for _, hyp in scored], [e.text for e, _ in scored])
+    return metrics.summary()
+
+
+def main(argv):
+    logging.basicConfig(level=logging.INFO, format="%(levelname)s %(name)s: %(message)s", stream=sys.stderr)
+    args = parse_args(argv)
+    entries, rejects = input_entries(args.inputs)
+    for reject in rejects:
+        logger.warning("skipped %s (%s): %s: %s", reject["key"] or "-", reject["origin"], reject["reason"],
+                       reject["detail"])
+    overrides = {key: getattr(args, key) for key in ("lm_dir", "lm_weight") if getattr(args, key) is not None}
+    trained = load_trained(args.exp_dir, args.device, args.tokenizer, **overrides)
+    results, problems = [], []
+    for first in range(0, len(entries), args.group_size):
+        kept, waveforms, bad = read_group(entries[first:first + args.group_size])
+        for problem in bad:
+            logger.warning("skipped %s", problem)
+        problems += bad
+        if kept:
+            for entry, hyp in zip(kept, transcribe_group(trained, waveforms, args)):
+                print(f"{entry.key}\t{hyp}", flush=True)
+                results.append((entry, hyp))
+    if args.output and results:
+        atomic_write_text(args.output, output_text(results, args.output))
+    skipped = len(rejects) + len(problems)
+    logger.info("transcribed %d recording(s) with %s search; skipped %d%s", len(results),
+                "ctc_greedy" if args.ctc_greedy else "beam", skipped, f"; wrote {args.output}" if args.output
+                and results else "")
+    figures = score(results)
+    if figures:
+        logger.info("against the inputs' transcripts (%d): WER %.2f %% | CER %.2f %%",
+                    figures["num_utterances"], figures["wer"], figures["cer"])
+    if not results:
+        logger.error("nothing was transcribed: %d input(s) skipped (see the warnings above)", skipped)
+        return 1
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main(sys.argv[1:]))
