@@ -7,7 +7,7 @@ import numpy as np
 import pytest
 import soundfile as sf
 
-from local import make_shards, synth_corpus
+from local import make_shards, synth_corpus, train_tokenizer
 
 TONE_RATE = 16000
 
@@ -76,3 +76,11 @@ def speech_shards(speech_corpus, tmp_path_factory):
         make_shards.main([str(speech_corpus / f"{split}.jsonl"), str(folders[split]), "--jobs", "2",
                           "--shard-size", "0.1", "--prefix", split])
     return folders
+
+
+@pytest.fixture(scope="session")
+def tokenizer_file(speech_shards, tmp_path_factory):
+    """A 60-piece BPE tokenizer of the tiny corpus' transcripts."""
+    out = tmp_path_factory.mktemp("tokenizer")
+    texts = train_tokenizer.read_texts([str(speech_shards["train"])])
+    return train_tokenizer.train_tokenizer(texts, str(out), 60, "bpe")

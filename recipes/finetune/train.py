@@ -19,6 +19,7 @@ import speechbrain as sb
 
 from common.brain import RecipeBrain, rank_and_world_size
 from common.data import SpeechLoaderConfig, Tokenizer, make_speech_loader, speech_input
+from common.data_report import report_markdown, speech_loader_report, write_report
 from common.decoding import beam_search, build_beam_searcher, ctc_greedy, ids_to_text
 from common.evaluation import average_best_checkpoints, record_results
 from common.feasibility import ctc_feasibility, warn_if_infeasible
@@ -187,6 +188,19 @@ def check_ctc_alignment(loader, tokenizer, model):
     return report
 
 
+def report_data(loader, tokenizer, hparams):
+    """The training data's report (``common.data_report``) in ``data_report/`` of the experiment
+    folder, and its histograms in TensorBoard (main process)."""
+    if not sb.utils.distributed.if_main_process():
+        return
+    report = speech_loader_report(loader, tokenizer, hparams["model"].frames_per_second())
+    write_report(report, os.path.join(hparams["output_folder"], "data_report"), title="Training data")
+    writer = hparams["tensorboard_logger"].writer
+    writer.add_histogram("data/duration_s", report["_durations"], 0)
+    writer.add_histogram("data/tokens_per_second", report["_tokens_per_second"], 0)
+    writer.add_text("data/report", report_markdown(report, "Training data"), 0)
+
+
 def split_name(parquet):
     """A test split's name: its shard folder's name (data/shards/test/metadata_pool.parquet -> test)."""
     return os.path.basename(os.path.dirname(os.path.abspath(parquet)))
@@ -226,6 +240,10 @@ def main(argv):
     if hparams["do_train"]:
         brain.train_loader = speech_loader(hparams, hparams["train_parquet"], True, *rank_and_world_size())
         check_ctc_alignment(brain.train_loader, brain.tokenizer, hparams["model"])
+        report_data(brain.train_loader, brain.tokenizer, hparams)
+        if hparams["dry_run"]:
+            logger.info("dry run: the data report is written; nothing was trained")
+            return
         hparams["checkpointer"].add_recoverable("train_loader", brain.train_loader)
         brain.fit(hparams["epoch_counter"], brain.train_loader,
                   speech_loader(hparams, hparams["valid_parquet"], False, *rank_and_world_size()))

@@ -135,3 +135,13 @@ def test_run_sh_rejects_unknown_options_and_runs_only_the_chosen_stages(speech_s
     assert re.findall(r"Stage \d", result.stderr) == ["Stage 1"]
     assert sorted(os.listdir(tmp_path / "data" / "tokenizer")) == ["char.model", "char.vocab"]
     assert not (tmp_path / "exp").exists()
+
+
+def test_a_dry_run_writes_the_data_report_and_trains_nothing(speech_shards, tokenizer_file, tmp_path):
+    """--dry_run=True: data_report/ holds report.md and its histograms for the config's loader, and no
+    epoch is trained (no checkpoint, no epoch line)."""
+    exp = tmp_path / "exp"
+    train.main(train_argv(speech_shards, tokenizer_file, exp, "--dry_run=True"))
+    assert (exp / "data_report" / "report.md").is_file() and (exp / "data_report" / "durations.png").is_file()
+    assert not (exp / "save").exists() or not any((exp / "save").iterdir())
+    assert not (exp / "train_log.txt").exists() or "epoch:" not in (exp / "train_log.txt").read_text()

@@ -1,0 +1,112 @@
+"""What an epoch will look like, before any training: a data report from a speech loader's own plan.
+
+    report = speech_loader_report(loader, tokenizer, frames_per_second=25.0)
+    write_report(report, "exp/x/data_report")   # report.md, durations.png, tokens_per_second.png
+
+Everything comes from the loader a run would train with (its filters, its tokenizer, its epoch plan for
+this rank), so the figures are the run's: utterances and hours used and filtered out, duration and
+tokens-per-second distributions, the CTC alignment check against the encoder's frame rate, batches
+per epoch, padding, the largest batch. ``recipes/finetune/train.py --dry_run=True`` writes it and
+stops; ``local/data_report.py`` writes it for shard folders without a config.
+"""
+
+import logging
+import os
+
+import numpy as np
+
+from common.atomic import atomic_write_text
+from common.feasibility import ctc_feasibility
+
+logger = logging.getLogger(__name__)
+
+REPORT_FILE = "report.md"
+
+
+def speech_loader_report(loader, tokenizer, frames_per_second, epoch=1):
+    """Figures of the utterances ``loader`` uses and of its plan for ``epoch`` (a dict; the token
+    and duration arrays under ``_durations`` / ``_tokens_per_second`` feed the histograms)."""
+    metadata = loader.metadata
+    durations, texts = loader.used_utterances()
+    tokens = tokenizer.encode(list(texts))
+    rates = np.array([len(t) for t in tokens]) / np.maximum(durations, 1e-6)
+    slots, _ = loader.plan(epoch)
+    batches = [rows for slot in slots for rows in slot.batches]
+    padded = [len(rows) * metadata.durations[rows].max() for rows in batches]
+    audio = sum(metadata.durations[rows].sum() for rows in batches)
+    feasibility = ctc_feasibility(durations, tokens, frames_per_second,
+                                  fastest_speed=max(loader.config.speed_perturb or [1.0]))
+    return {
+        "utterances": int(len(metadata)), "used": int(len(durations)),
+        "filtered_out": int(len(metadata) - len(durations)),
+        "hours": float(durations.sum() / 3600),
+        "duration_s": _quantiles(durations), "tokens_per_second": _quantiles(rates),
+        "frames_per_second": float(frames_per_second), "ctc": feasibility.summary(),
+        "ctc_impossible": feasibility.impossible, "ctc_tight": feasibility.tight,
+        "rank": loader.rank, "world_size": loader.world_size, "budget_s": loader.config.max_batch_seconds,
+        "batches_per_epoch": len(batches), "mean_batch_size": float(np.mean([len(b) for b in batches])),
+        "padding_percent": float(100 * (1 - audio / max(sum(padded), 1e-9))),
+        "largest_batch_padded_s": float(max(padded)), "largest_batch_utterances": int(max(len(b) for b in batches)),
+        "_durations": durations, "_tokens_per_second": rates,
+    }
+
+
+def _quantiles(values):
+    values = np.asarray(values, dtype=np.float64)
+    return {name: float(np.percentile(values, q)) for name, q in
+            (("min", 0), ("median", 50), ("p95", 95), ("max", 100))} if len(values) else {}
+
+
+def report_markdown(report, title="Data report"):
+    """The report as Markdown: a table of the figures and the two histograms."""
+    q = lambda key: "{min:.2f} / {median:.2f} / {p95:.2f} / {max:.2f}".format(**report[key])  # noqa: E731
+    rows = [
+        ("utterances used / in the parquet", f"{report['used']} / {report['utterances']} "
+                                             f"({report['filtered_out']} filtered out)"),
+        ("hours used", f"{report['hours']:.2f}"),
+        ("duration s: min / median / p95 / max", q("duration_s")),
+        ("tokens per second: min / median / p95 / max", q("tokens_per_second")),
+        ("encoder frames per second", f"{report['frames_per_second']:.1f}"),
+        ("CTC alignment", report["ctc"]),
+        (f"batches per epoch (rank {report['rank']} of {report['world_size']})", str(report["batches_per_epoch"])),
+        ("budget (padded seconds) / mean utterances per batch", f"{report['budget_s']:g} / "
+                                                                 f"{report['mean_batch_size']:.1f}"),
+        ("padding", f"{report['padding_percent']:.1f} %"),
+        ("largest batch", f"{report['largest_batch_padded_s']:.1f} padded s, "
+                          f"{report['largest_batch_utterances']} utterances"),
+    ]
+    lines = [f"# {title}", "", "| figure | value |", "|---|---|"]
+    lines += [f"| {name} | {value} |" for name, value in rows]
+    lines += ["", "![durations](durations.png) ![tokens per second](tokens_per_second.png)", ""]
+    return "\n".join(lines)
+
+
+def write_report(report, out_dir, title="Data report"):
+    """``report.md`` and the histograms in ``out_dir``; returns the path of ``report.md``."""
+    os.makedirs(out_dir, exist_ok=True)
+    draw_histogram(report["_durations"], "utterance duration (s)", os.path.join(out_dir, "durations.png"))
+    draw_histogram(report["_tokens_per_second"], "tokens per second", os.path.join(out_dir, "tokens_per_second.png"),
+                   limit=(report["frames_per_second"], "encoder frames per second: CTC's ceiling"))
+    path = os.path.join(out_dir, REPORT_FILE)
+    atomic_write_text(path, report_markdown(report, title))
+    logger.info("data report: %s", path)
+    return path
+
+
+def draw_histogram(values, label, path, limit=None):
+    """A histogram PNG of ``values``; ``limit`` = (x, label) draws a vertical line."""
+    import matplotlib
+
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+
+    figure, axis = plt.subplots(figsize=(6, 3.5))
+    axis.hist(values, bins=50, color="#4878a8")
+    if limit is not None:
+        axis.axvline(limit[0], color="#c03030", linestyle="--", label=limit[1])
+        axis.legend()
+    axis.set_xlabel(label)
+    axis.set_ylabel("utterances")
+    figure.tight_layout()
+    figure.savefig(path, dpi=100)
+    plt.close(figure)
