@@ -16,6 +16,7 @@ Example
 import io
 import math
 import os
+import subprocess
 
 import numpy as np
 import scipy.signal
@@ -57,6 +58,33 @@ def read_audio(path, start_s=None, end_s=None, target_rate=SAMPLE_RATE, max_dura
     if len(samples) == 0:
         raise AudioError("zero_length_audio", f"{path}: holds no audio samples")
     return to_mono_rate(samples, info.samplerate, target_rate)
+
+
+def read_audio_command(command, timeout_s, start_s=None, end_s=None, target_rate=SAMPLE_RATE, max_duration_s=None):
+    """Run a shell ``command`` that writes audio to stdout (a Kaldi ``wav.scp`` pipe such as
+    ``flac -c -d -s a.flac``) and read its output like ``read_audio`` reads a file (the segment
+    [start_s, end_s) when given). Raises AudioError: pipe_failed (non-zero exit, its stderr in the
+    message), pipe_timeout, undecodable_audio, zero_length_audio, too_long."""
+    try:
+        result = subprocess.run(command, shell=True, capture_output=True, timeout=timeout_s)
+    except subprocess.TimeoutExpired as error:
+        raise AudioError("pipe_timeout", f"{command!r} ran longer than {timeout_s} s: raise --pipe-timeout "
+                         "or write the audio to files") from error
+    if result.returncode != 0:
+        stderr = result.stderr.decode("utf-8", "replace").strip()[-300:]
+        raise AudioError("pipe_failed", f"{command!r} exited with {result.returncode}: {stderr}")
+    try:
+        samples, rate = sf.read(io.BytesIO(result.stdout), dtype="float32", always_2d=True)
+    except (sf.LibsndfileError, RuntimeError, ValueError) as error:
+        raise AudioError("undecodable_audio", f"{command!r} wrote no readable audio ({error})") from error
+    first = 0 if start_s is None else int(round(start_s * rate))
+    samples = samples[first:] if end_s is None else samples[first:int(round(end_s * rate))]
+    if len(samples) == 0:
+        raise AudioError("zero_length_audio", f"{command!r}: no audio samples (in the segment)")
+    if max_duration_s is not None and len(samples) / rate > max_duration_s:
+        raise AudioError("too_long", f"{command!r}: {len(samples) / rate:.1f} s is longer than --max-duration "
+                         f"{max_duration_s} s: cut it into segments or raise the limit")
+    return to_mono_rate(samples, rate, target_rate), rate
 
 
 def to_mono_rate(samples, rate, target_rate=SAMPLE_RATE):

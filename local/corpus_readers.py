@@ -9,7 +9,8 @@ broken entry never costs the rest of the corpus.
 - ``wenet``: a WeNet / CosyVoice ``data.list``, JSON lines with ``key``, ``wav`` and ``txt``.
 - ``tsv``: a header line naming the columns, at least ``path`` and ``text``.
 - ``commonvoice``: a Common Voice TSV (``client_id``, ``path``, ``sentence``, ...), audio in ``clips/``.
-- ``kaldi``: a folder with ``wav.scp`` (no pipes), ``text``, optional ``utt2spk`` and ``segments``.
+- ``kaldi``: a folder with ``wav.scp`` (commands ``... |`` only with ``allow_pipes``), ``text``, optional
+  ``utt2spk`` and ``segments``.
 - ``librispeech``: ``SPEAKER/CHAPTER/SPEAKER-CHAPTER.trans.txt`` files beside their audio.
 - ``folder``: audio files (wav / flac / ogg / opus / mp3) under a folder, each with a same-named ``.txt``.
 
@@ -42,6 +43,7 @@ class Entry:
     fields: dict = dataclasses.field(default_factory=dict)
     start_s: float | None = None
     end_s: float | None = None
+    pipe: bool = False  # ``audio`` is a shell command writing the audio to stdout (Kaldi wav.scp)
 
     def source(self):
         """The audio this sample came from, as stored in its json (segment bounds appended)."""
@@ -82,10 +84,11 @@ def _first_record_has(path, keys):
     return False
 
 
-def read_corpus(path, corpus_format="auto", text_required=True, **field_names):
+def read_corpus(path, corpus_format="auto", text_required=True, allow_pipes=False, **field_names):
     """Read ``path`` in ``corpus_format`` (or detected); return (entries, rejects), duplicates rejected.
     ``text_required=False`` keeps entries without a transcript (``text`` None) instead of rejecting them;
-    ``field_names`` (``audio``, ``text``, ``key``, ``speaker``) rename a manifest's fields."""
+    ``allow_pipes`` keeps Kaldi ``wav.scp`` commands (``... |``) as piped entries; ``field_names``
+    (``audio``, ``text``, ``key``, ``speaker``) rename a manifest's fields."""
     if not os.path.exists(path):
         raise FileNotFoundError(f"{path} does not exist: give a manifest file or a corpus folder")
     corpus_format = detect_format(path) if corpus_format == "auto" else corpus_format
@@ -96,9 +99,10 @@ def read_corpus(path, corpus_format="auto", text_required=True, **field_names):
     elif any(field_names.values()):
         raise ValueError(f"--audio-field / --text-field / --id-field / --speaker-field name the fields of a "
                          f"manifest; {path} is a {corpus_format} folder")
+    elif corpus_format == "kaldi":
+        entries, rejects = read_kaldi(path, text_required, allow_pipes)
     else:
-        reader = {"kaldi": read_kaldi, "folder": read_folder, "librispeech": read_librispeech}[corpus_format]
-        entries, rejects = reader(path, text_required)
+        entries, rejects = {"folder": read_folder, "librispeech": read_librispeech}[corpus_format](path, text_required)
     return reject_duplicate_keys(entries, rejects)
 
 
@@ -184,7 +188,9 @@ def _entry_from_record(record, base, origin, fields, text_required=True):
     audio = record.get(fields.audio)
     if not isinstance(audio, str) or not audio:
         return make_reject(raw_key, origin, "malformed_line", f"no '{fields.audio}' field with a path")
-    key = sanitize_key(raw_key if raw_key is not None else os.path.splitext(audio)[0])
+    audio_base = os.path.join(base, fields.audio_dir)
+    resolved = _resolve(audio_base, audio)
+    key = sanitize_key(raw_key if raw_key is not None else key_of_path(resolved, audio_base))
     text, problem = transcript(record.get(fields.text), key, origin, text_required)
     if problem:
         return problem
@@ -192,7 +198,17 @@ def _entry_from_record(record, base, origin, fields, text_required=True):
     carried = {k: v for k, v in record.items() if k not in used and v not in (None, "")}
     if record.get(fields.speaker) not in (None, ""):
         carried["speaker"] = record[fields.speaker]
-    return Entry(key, _resolve(os.path.join(base, fields.audio_dir), audio), text, origin, carried)
+    return Entry(key, resolved, text, origin, carried)
+
+
+def key_of_path(path, base):
+    """The key of an id-less manifest line: its audio path relative to the manifest's folder (Common
+    Voice: its clips folder), without the extension (``wav/a.flac`` -> ``wav_a``); the file's stem
+    when the audio lies outside that folder. Keys so do not depend on where the corpus sits."""
+    relative = os.path.relpath(path, base)
+    if relative.startswith(os.pardir + os.sep) or os.path.isabs(relative):
+        relative = os.path.basename(path)
+    return os.path.splitext(relative)[0]
 
 
 def read_jsonl(path, text_required=True, fields=None):
@@ -290,7 +306,7 @@ def _read_kaldi_table(path, rejects, required=True):
     return table
 
 
-def read_kaldi(folder, text_required=True):
+def read_kaldi(folder, text_required=True, allow_pipes=False):
     """Entries and rejects from a Kaldi data folder (wav.scp, text, utt2spk, segments)."""
     rejects = []
     wav_scp = _read_kaldi_table(os.path.join(folder, "wav.scp"), rejects)
@@ -300,12 +316,14 @@ def read_kaldi(folder, text_required=True):
     utterances = segments if segments else {utt: (utt, origin) for utt, (_, origin) in wav_scp.items()}
     entries = []
     for utt, (value, origin) in utterances.items():
-        result = _kaldi_entry(folder, utt, value, origin, wav_scp, texts, speakers, bool(segments), text_required)
+        result = _kaldi_entry(folder, utt, value, origin, wav_scp, texts, speakers, bool(segments), text_required,
+                              allow_pipes)
         (entries if isinstance(result, Entry) else rejects).append(result)
     return entries, rejects
 
 
-def _kaldi_entry(folder, utt, value, origin, wav_scp, texts, speakers, segmented, text_required=True):
+def _kaldi_entry(folder, utt, value, origin, wav_scp, texts, speakers, segmented, text_required=True,
+                 allow_pipes=False):
     key = sanitize_key(utt)
     start_s = end_s = None
     recording = utt
@@ -320,15 +338,21 @@ def _kaldi_entry(folder, utt, value, origin, wav_scp, texts, speakers, segmented
     if recording not in wav_scp:
         return make_reject(key, origin, "missing_audio", f"recording {recording} is not in wav.scp")
     audio = wav_scp[recording][0]
-    if audio.endswith("|") or " " in audio:
-        return make_reject(key, origin, "pipe_not_supported", "wav.scp commands are not run: write the "
-                           "audio to files (e.g. with sox) and list their paths in wav.scp")
+    pipe = audio.endswith("|")
+    if pipe and not allow_pipes:
+        return make_reject(key, origin, "pipe_not_supported", "wav.scp commands are not run: pass "
+                           "--allow-pipes to run them, or write the audio to files (e.g. with sox)")
+    if " " in audio and not pipe:
+        return make_reject(key, origin, "malformed_line", "a wav.scp path with spaces, or a command "
+                           "without its final '|'")
     if utt not in texts and text_required:
         return make_reject(key, origin, "empty_text", f"utterance {utt} has no line in text")
     text, problem = transcript(texts.get(utt, (None,))[0], key, origin, text_required)
     if problem:
         return problem
     fields = {"speaker": speakers[utt][0]} if utt in speakers else {}
+    if pipe:
+        return Entry(key, audio[:-1].strip(), text, origin, fields, start_s, end_s, pipe=True)
     return Entry(key, _resolve(folder, audio), text, origin, fields, start_s, end_s)
 
 

@@ -37,7 +37,7 @@ import soundfile as sf
 from tqdm import tqdm
 
 from common.atomic import atomic_write_text
-from common.audio import SAMPLE_RATE, AudioError, encode_opus, read_audio
+from common.audio import SAMPLE_RATE, AudioError, encode_opus, read_audio, read_audio_command
 from common.parallel import process_pool
 from common.shard_format import (
     CORE_PARQUET,
@@ -71,6 +71,9 @@ def parse_args(argv=None):
     parser.add_argument("--prefix", default="shard", help="shard file names are PREFIX-000000.tar")
     parser.add_argument("--rebuild", action="store_true", help="when OUT_DIR holds shards of another input "
                         "(an edited manifest, other options), replace them instead of stopping (exit 2)")
+    parser.add_argument("--allow-pipes", action="store_true", help="run Kaldi wav.scp commands ('... |') "
+                        "through the shell to read their audio (only for a wav.scp you trust)")
+    parser.add_argument("--pipe-timeout", type=float, default=60.0, help="seconds a wav.scp command may run")
     fields = parser.add_argument_group("a manifest's field (JSON key, TSV column) names; default: the layout's")
     for name, example in (("audio", "wav"), ("text", "sentence"), ("id", "utt_id"), ("speaker", "client_id")):
         fields.add_argument(f"--{name}-field", help=f"e.g. {example}")
@@ -83,13 +86,18 @@ def parse_args(argv=None):
     return parser.parse_args(argv)
 
 
-def encode_entry(entry, max_duration_s):
+def encode_entry(entry, max_duration_s, pipe_timeout_s=60.0):
     """Worker: read, resample, encode one entry. Returns (key, opus, json bytes, seconds, source rate)
     or a reject. A whole file that is already 16 kHz mono Ogg Opus is decoded (to check it) and its
-    bytes copied: no second lossy encoding."""
+    bytes copied: no second lossy encoding. A piped entry's command is run (``pipe_timeout_s``)."""
     try:
-        audio = read_audio(entry.audio, entry.start_s, entry.end_s, max_duration_s=max_duration_s)
-        rate, copyable = source_format(entry)
+        if entry.pipe:
+            audio, rate = read_audio_command(entry.audio, pipe_timeout_s, entry.start_s, entry.end_s,
+                                             max_duration_s=max_duration_s)
+            copyable = False
+        else:
+            audio = read_audio(entry.audio, entry.start_s, entry.end_s, max_duration_s=max_duration_s)
+            rate, copyable = source_format(entry)
         opus = read_bytes(entry.audio) if copyable else encode_opus(audio)
     except AudioError as error:
         return make_reject(entry.key, entry.origin, error.reason, str(error))
@@ -206,7 +214,7 @@ def remove_outputs(out_dir, prefix):
 def encode_all(entries, args, assembler, start):
     """Encode entries[start:] in parallel and feed them, in order, to the assembler; returns how many
     kept inputs had each sample rate below 16 kHz (``{rate: count}``), warned about once."""
-    jobs = [(entry, args.max_duration) for entry in entries[start:]]
+    jobs = [(entry, args.max_duration, args.pipe_timeout) for entry in entries[start:]]
     low_rates = collections.Counter()
     with process_pool(args.jobs) as pool:
         results = pool.imap(_encode_job, jobs, chunksize=4)
@@ -264,8 +272,9 @@ def main(argv=None):
     logging.basicConfig(level=logging.INFO, format="%(asctime)s %(name)s: %(message)s")
     args = parse_args(argv)
     try:
-        entries, read_rejects = read_corpus(args.input, args.format, audio=args.audio_field, text=args.text_field,
-                                            key=args.id_field, speaker=args.speaker_field)
+        entries, read_rejects = read_corpus(args.input, args.format, allow_pipes=args.allow_pipes,
+                                            audio=args.audio_field, text=args.text_field, key=args.id_field,
+                                            speaker=args.speaker_field)
     except (FileNotFoundError, ValueError) as error:
         fail(str(error), status=2)
     os.makedirs(args.out_dir, exist_ok=True)

@@ -126,3 +126,14 @@ def test_tsv_without_the_required_columns_is_an_error(tmp_path):
     (tmp_path / "m.tsv").write_text("file\twords\na.wav\thello\n")
     with pytest.raises(ValueError, match="'path' and 'text' columns"):
         read_corpus(str(tmp_path / "m.tsv"))
+
+
+def test_keys_of_id_less_lines_do_not_depend_on_where_the_corpus_sits(tmp_path):
+    """Without an id, a line's key is its audio path relative to the manifest's folder (absolute or
+    relative as written), or the file stem for audio outside that folder."""
+    (tmp_path / "corpus" / "wav").mkdir(parents=True)
+    lines = [{"audio": "wav/a.wav", "text": "x"}, {"audio": str(tmp_path / "corpus" / "wav" / "b.wav"), "text": "y"},
+             {"audio": str(tmp_path / "elsewhere" / "c.flac"), "text": "z"}]
+    (tmp_path / "corpus" / "m.jsonl").write_text("".join(json.dumps(line) + "\n" for line in lines))
+    entries, _ = read_corpus(str(tmp_path / "corpus" / "m.jsonl"))
+    assert [e.key for e in entries] == ["wav_a", "wav_b", "c"]

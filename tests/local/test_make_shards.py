@@ -286,3 +286,24 @@ def _wait_for_sidecars(out, count, process, timeout_s=60):
         if parts.is_dir() and len([p for p in os.listdir(parts) if p.endswith(".tar.json")]) >= count:
             return
         time.sleep(0.02)
+
+
+def test_kaldi_pipes_run_with_allow_pipes_and_failures_are_rejected_with_their_stderr(tmp_path):
+    """With --allow-pipes a wav.scp command's output is sharded like a file (a segment of it too); a
+    command that fails is a pipe_failed reject carrying its stderr, one that hangs a pipe_timeout."""
+    kaldi = tmp_path / "kaldi"
+    kaldi.mkdir()
+    write_tone(tmp_path / "a.flac", 2.0, format="FLAC")
+    (kaldi / "wav.scp").write_text(f"a cat {tmp_path / 'a.flac'} |\nbad sh -c 'echo no such >&2; exit 3' |\n"
+                                   "slow sleep 5 |\n")
+    (kaldi / "segments").write_text("a_1 a 0.5 1.5\nbad_1 bad 0 1\nslow_1 slow 0 1\n")
+    (kaldi / "text").write_text("a_1 first half\nbad_1 never\nslow_1 never\n")
+    run([kaldi, tmp_path / "out", "--allow-pipes", "--pipe-timeout", "1"])
+    rows = pool_rows(tmp_path / "out")
+    assert [(r["sample_key"], round(r["duration"], 2)) for r in rows] == [("a_1", 1.0)]
+    reasons = {r["key"]: (r["reason"], r["detail"]) for r in rejects(tmp_path / "out")}
+    assert reasons["bad_1"][0] == "pipe_failed" and "no such" in reasons["bad_1"][1]
+    assert reasons["slow_1"][0] == "pipe_timeout"
+    with pytest.raises(SystemExit):  # without the option commands are never run: nothing usable, exit 1
+        run([kaldi, tmp_path / "out2"])
+    assert {r["reason"] for r in rejects(tmp_path / "out2")} == {"pipe_not_supported"}
