@@ -34,6 +34,7 @@ logger = logging.getLogger(__name__)
 
 CONFIG_FILE, AVERAGED_FILE, LM_CHECKPOINT = "hyperparams.yaml", "averaged.ckpt", "lm.ckpt"
 SEARCHES = ("beam", "ctc_greedy")
+DEFAULT_MAX_DURATION = 30.0  # s: the longest piece decoded when the config sets no max_duration filter
 # The config's decoding keys, as the test stage used them.
 DECODING_KEYS = ("beam_size", "ctc_weight", "length_normalization", "length_bonus", "max_decode_ratio")
 VOCAB_SIZE_CALL = re.compile(r"!apply:common\.data\.vocab_size\s*\[[^\]]*\]")
@@ -66,11 +67,13 @@ def graph_yaml(tree, num_tokens, drop=(), block="graph"):
 
 def decoding_settings(tree):
     """``{key: value}`` of the config's decoding keys, plus ``prefix_tokens``, the language model
-    (``lm_dir``, ``lm_weight``) and the longest training utterance (``max_duration``, seconds)."""
+    (``lm_dir``, ``lm_weight``) and the longest training utterance (``max_duration``, seconds; the
+    loader's filter, or DEFAULT_MAX_DURATION without one)."""
     settings = {key: tree[key] for key in DECODING_KEYS}
     settings["prefix_tokens"] = list(tree.get("prefix_tokens") or [])
     settings["lm_dir"], settings["lm_weight"] = tree.get("lm_dir"), float(tree.get("lm_weight") or 0.0)
-    settings["max_duration"] = float(tree["train_loader"]["filters"]["max_duration"])
+    filters = tree.get("train_loader", {}).get("filters") or {}
+    settings["max_duration"] = float(filters.get("max_duration") or DEFAULT_MAX_DURATION)
     return settings
 
 

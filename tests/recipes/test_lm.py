@@ -69,7 +69,7 @@ def test_the_exported_folder_carries_the_language_model(language_model, trained,
     assert (out / "lm.ckpt").is_file() and "RNNLMScorer" in config and "rnnlm: 0.5" in config
     audio = [str(path) for path in sorted((speech_corpus / "wav" / "test").glob("*.wav"))[:3]]
     transcribe.main([str(trained), *audio, "--lm_dir", str(language_model), "--lm_weight", "0.5",
-                     "--max_batch_size", "1"])
+                     "--max_batch_size", "1", "--raw_audio"])
     ours = [line.split("\t")[1] for line in capsys.readouterr().out.splitlines() if "\t" in line]
     asr = EncoderDecoderASR.from_hparams(source=str(out), savedir=str(tmp_path / "loaded"))
     assert [asr.transcribe_file(path) for path in audio] == ours

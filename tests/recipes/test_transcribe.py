@@ -85,7 +85,7 @@ def test_a_recording_longer_than_the_model_saw_is_cut_and_its_pieces_joined(trai
     assert count == 1
     config.write_text(text)
     transcribe.main([str(exp), str(tmp_path / "long.wav"), *[str(tmp_path / f"piece{i}.wav") for i in range(3)],
-                     "--ctc_greedy", "--max_batch_size", "1"])
+                     "--ctc_greedy", "--max_batch_size", "1", "--raw_audio"])  # the codec would move the cuts
     hyps, _ = printed(capsys)
     assert hyps["long"] == " ".join(h for h in (hyps["piece0"], hyps["piece1"], hyps["piece2"]) if h)
 
@@ -117,7 +117,8 @@ def test_batches_keep_the_padded_budget_and_cover_every_item_once():
 def test_the_exported_folder_loads_in_speechbrain_and_transcribes_as_transcribe_py(
         trained, speech_corpus, tmp_path, capsys):
     """export.py writes a folder that EncoderDecoderASR.from_hparams loads; its transcribe_file gives
-    the same text as transcribe.py (one recording per batch, beam search) on 16 kHz files, and some
+    the same text as transcribe.py (one recording per batch, beam search, --raw_audio as SpeechBrain reads
+    it) on 16 kHz files, and some
     of those texts are not empty (the comparison is not between blanks)."""
     from speechbrain.inference.ASR import EncoderDecoderASR
 
@@ -128,7 +129,7 @@ def test_the_exported_folder_loads_in_speechbrain_and_transcribes_as_transcribe_
     assert not re.search(r"![a-z]+:common\.", (out / "hyperparams.yaml").read_text())  # SpeechBrain classes only
     _, records = manifest_with_absolute_paths(speech_corpus, tmp_path, count=4)
     files = [r["audio"] for r in records]
-    transcribe.main([str(trained), *files, "--max_batch_size", "1"])
+    transcribe.main([str(trained), *files, "--max_batch_size", "1", "--raw_audio"])
     ours, order = printed(capsys)
     asr = EncoderDecoderASR.from_hparams(source=str(out), savedir=str(tmp_path / "loaded"))
     theirs = {key: asr.transcribe_file(path) for key, path in zip(order, files)}
@@ -152,3 +153,17 @@ def test_resuming_an_experiment_with_another_tokenizer_stops_before_any_work(tra
     with pytest.raises(ChangedInputs, match="tokenizer_file"):
         train.main(train_argv(speech_shards, other, exp, "--number_of_epochs=7"))
     assert sorted(p.name for p in (exp / "save").iterdir()) == before
+
+
+def test_each_recording_goes_through_the_opus_codec_unless_raw_audio_is_asked(trained, speech_corpus, tmp_path,
+                                                                              capsys, monkeypatch):
+    """By default every recording passes through the shards' Opus codec (once each) before decoding,
+    as the training audio did; with --raw_audio the codec is not used."""
+    _, records = manifest_with_absolute_paths(speech_corpus, tmp_path, count=3)
+    coded = []
+    real_encode = transcribe.encode_opus
+    monkeypatch.setattr(transcribe, "encode_opus", lambda samples: coded.append(len(samples)) or real_encode(samples))
+    files = [r["audio"] for r in records]
+    assert transcribe.main([str(trained), *files, "--ctc_greedy", "--raw_audio"]) == 0 and coded == []
+    assert transcribe.main([str(trained), *files, "--ctc_greedy"]) == 0
+    assert len(coded) == 3 and len(printed(capsys)[0]) == 3
