@@ -75,8 +75,8 @@ def test_each_format_and_rate_is_written_as_planned(full_plan, tmp_path):
 
 
 def test_small_corpus_is_written_and_a_rerun_reuses_it(tmp_path):
-    """main() writes the four manifests and their audio; a rerun after a half-written file changes
-    nothing and removes the leftover."""
+    """main() writes the four manifests and their audio, and the LM text with every training sentence
+    and no dev or test one; a rerun after a half-written file changes nothing and removes the leftover."""
     out = tmp_path / "corpus"
     synth_corpus.main([str(out), *SMALL, "--jobs", "2"])
     manifests = {s: (out / f"{s}.jsonl").read_text() for s in open_corpus.SPLITS}
@@ -87,3 +87,6 @@ def test_small_corpus_is_written_and_a_rerun_reuses_it(tmp_path):
     synth_corpus.main([str(out), *SMALL, "--jobs", "1"])
     assert {s: (out / f"{s}.jsonl").read_text() for s in open_corpus.SPLITS} == manifests
     assert not list(out.glob("audio/*/*.tmp*"))
+    lm_text = set((out / open_corpus.LM_TEXT).read_text().splitlines())  # the language model's text:
+    assert all((r["text"] in lm_text) == r["id"].startswith("train") for r in records)  # no dev / test line
+    assert len(lm_text) > 50000
