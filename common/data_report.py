@@ -24,8 +24,9 @@ REPORT_FILE = "report.md"
 
 
 def speech_loader_report(loader, tokenizer, frames_per_second, epoch=1):
-    """Figures of the utterances ``loader`` uses and of its plan for ``epoch`` (a dict; the token
-    and duration arrays under ``_durations`` / ``_tokens_per_second`` feed the histograms)."""
+    """Figures of the utterances ``loader`` uses and of its plan for ``epoch`` (a dict; the duration and
+    token arrays under ``_durations`` / ``_tokens_per_second`` feed the histograms, ``_feasibility`` is
+    the ``common.feasibility`` report for ``warn_if_infeasible``)."""
     metadata = loader.metadata
     durations, texts = loader.used_utterances()
     tokens = tokenizer.encode(list(texts))
@@ -42,12 +43,11 @@ def speech_loader_report(loader, tokenizer, frames_per_second, epoch=1):
         "hours": float(durations.sum() / 3600),
         "duration_s": _quantiles(durations), "tokens_per_second": _quantiles(rates),
         "frames_per_second": float(frames_per_second), "ctc": feasibility.summary(),
-        "ctc_impossible": feasibility.impossible, "ctc_tight": feasibility.tight,
         "rank": loader.rank, "world_size": loader.world_size, "budget_s": loader.config.max_batch_seconds,
         "batches_per_epoch": len(batches), "mean_batch_size": float(np.mean([len(b) for b in batches])),
         "padding_percent": float(100 * (1 - audio / max(sum(padded), 1e-9))),
         "largest_batch_padded_s": float(max(padded)), "largest_batch_utterances": int(max(len(b) for b in batches)),
-        "_durations": durations, "_tokens_per_second": rates,
+        "_durations": durations, "_tokens_per_second": rates, "_feasibility": feasibility,
     }
 
 

@@ -22,7 +22,7 @@ from common.data import SpeechLoaderConfig, Tokenizer, make_speech_loader, speec
 from common.data_report import report_markdown, speech_loader_report, write_report
 from common.decoding import beam_search, build_beam_searcher, ctc_greedy, ids_to_text
 from common.evaluation import average_best_checkpoints, record_results
-from common.feasibility import ctc_feasibility, warn_if_infeasible
+from common.feasibility import warn_if_infeasible
 from common.inference import load_language_model
 from common.metrics import TranscriptMetrics
 from common.models.transfer import check_same_tokenizer, load_pretrained
@@ -178,22 +178,19 @@ def speech_loader(hparams, parquet, training, rank=0, world_size=1):
     return loader
 
 
-def check_ctc_alignment(loader, tokenizer, model):
-    """Warn, with the numbers and the setting to change, when CTC cannot align (or barely aligns)
-    the training transcripts with the encoder's frame rate (``common.feasibility``)."""
-    durations, texts = loader.used_utterances()
-    report = ctc_feasibility(durations, tokenizer.encode(texts), model.frames_per_second(),
-                             fastest_speed=max(loader.config.speed_perturb or [1.0]))
-    warn_if_infeasible(report, "training data")
+def training_data_report(loader, tokenizer, model):
+    """The training data's report (``common.data_report``); warns, with the numbers and the setting to
+    change, when CTC cannot align (or barely aligns) the transcripts with the encoder's frame rate."""
+    report = speech_loader_report(loader, tokenizer, model.frames_per_second())
+    warn_if_infeasible(report["_feasibility"], "training data")
     return report
 
 
-def report_data(loader, tokenizer, hparams):
-    """The training data's report (``common.data_report``) in ``data_report/`` of the experiment
-    folder, and its histograms in TensorBoard (main process)."""
+def write_data_report(report, hparams):
+    """The report in ``data_report/`` of the experiment folder, and its histograms in TensorBoard
+    (main process)."""
     if not sb.utils.distributed.if_main_process():
         return
-    report = speech_loader_report(loader, tokenizer, hparams["model"].frames_per_second())
     write_report(report, os.path.join(hparams["output_folder"], "data_report"), title="Training data")
     writer = hparams["tensorboard_logger"].writer
     writer.add_histogram("data/duration_s", report["_durations"], 0)
@@ -239,8 +236,7 @@ def main(argv):
         init_from_pretrained(hparams)
     if hparams["do_train"]:
         brain.train_loader = speech_loader(hparams, hparams["train_parquet"], True, *rank_and_world_size())
-        check_ctc_alignment(brain.train_loader, brain.tokenizer, hparams["model"])
-        report_data(brain.train_loader, brain.tokenizer, hparams)
+        write_data_report(training_data_report(brain.train_loader, brain.tokenizer, hparams["model"]), hparams)
         if hparams["dry_run"]:
             logger.info("dry run: the data report is written; nothing was trained")
             return

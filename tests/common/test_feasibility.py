@@ -7,7 +7,7 @@ import numpy as np
 from common.data import SpeechLoaderConfig, make_speech_loader
 from common.feasibility import ctc_feasibility, ctc_frames_needed, warn_if_infeasible
 from local import train_tokenizer
-from recipes.finetune.train import check_ctc_alignment
+from recipes.finetune.train import training_data_report
 
 
 def test_frames_needed_counts_a_blank_between_repeated_tokens():
@@ -55,6 +55,6 @@ def test_finetune_checks_its_training_data_against_the_model(speech_shards, tmp_
                                     SpeechLoaderConfig(60.0))
         caplog.clear()
         with caplog.at_level(logging.INFO):
-            report = check_ctc_alignment(loader, loader.dataset.tokenizer, model)
+            report = training_data_report(loader, loader.dataset.tokenizer, model)["_feasibility"]
         assert report.utterances == 40
         assert any(r.levelno == logging.WARNING for r in caplog.records) == warns, report.summary()
