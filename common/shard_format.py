@@ -9,6 +9,9 @@ A shard folder holds:
   planning and rank balancing read durations and texts without opening a tar. ``*_offset``/``*_size``
   locate each member's data inside its tar for random access.
 - ``metadata_core.parquet``: a filtered subset with the same schema.
+
+Untranscribed speech (``make_shards.py --unlabelled``, for pretraining) has a null ``text`` in both
+members, and its parquets carry ``unlabelled: true`` in their schema metadata (:func:`is_unlabelled`).
 """
 
 import io
@@ -62,9 +65,14 @@ def _as_text(value):
     return None if value is None else str(value)
 
 
-def write_metadata(rows, path):
-    """Write ``rows`` (dicts of :data:`METADATA_SCHEMA`) to a parquet file, atomically."""
-    table = pa.Table.from_pylist(rows, schema=METADATA_SCHEMA)
+UNLABELLED_KEY = b"unlabelled"
+
+
+def write_metadata(rows, path, unlabelled=False):
+    """Write ``rows`` (dicts of :data:`METADATA_SCHEMA`) to a parquet file, atomically; ``unlabelled``
+    marks a folder sharded as untranscribed speech."""
+    schema = METADATA_SCHEMA.with_metadata({UNLABELLED_KEY: b"true"}) if unlabelled else METADATA_SCHEMA
+    table = pa.Table.from_pylist(rows, schema=schema)
     with atomic_path(path) as temporary:
         pq.write_table(table, temporary)
 
@@ -76,6 +84,12 @@ def read_metadata(path):
     if not os.path.isfile(path):
         raise FileNotFoundError(f"{path} not found: run local/make_shards.py to create the shards first")
     return pq.read_table(path)
+
+
+def is_unlabelled(path):
+    """True for the parquet of a folder sharded with ``--unlabelled`` (untranscribed speech)."""
+    metadata = pq.read_schema(path).metadata or {}
+    return metadata.get(UNLABELLED_KEY) == b"true"
 
 
 class ShardWriter:

@@ -3,8 +3,8 @@
 
     python local/check_shards.py SHARD_DIR [--jobs N]
 
-Checks, per sample: both members ({key}.opus and {key}.json) present; the json parses and holds text
-and duration; the opus decodes to 16 kHz mono; its decoded duration matches the parquet within 20 ms;
+Checks, per sample: both members ({key}.opus and {key}.json) present; the json parses and holds text (null
+for untranscribed speech) and duration; the opus decodes to 16 kHz mono; its duration matches the parquet within 20 ms;
 the members lie at the parquet's offsets. Across the folder: no duplicate keys; every parquet row is in
 a tar and every tar sample in the parquet; the core parquet is a subset of the pool. Each problem is
 printed on its own line (shard, key, what is wrong).
@@ -64,8 +64,9 @@ def check_sample(shard, key, parts):
         return f"{where}: missing member(s) {sorted(missing)}"
     try:
         meta = json.loads(parts["json"][2].decode("utf-8"))
-        if not isinstance(meta.get("text"), str) or not isinstance(meta.get("duration"), (int, float)):
-            return f"{where}: json lacks text or duration"
+        text_ok = isinstance(meta.get("text"), str) or (meta.get("text") is None and "text" in meta)
+        if not text_ok or not isinstance(meta.get("duration"), (int, float)):
+            return f"{where}: json lacks text (null when untranscribed) or duration"
     except (UnicodeDecodeError, ValueError) as error:
         return f"{where}: json does not parse ({error})"
     try:

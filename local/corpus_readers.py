@@ -293,7 +293,8 @@ def _read_kaldi_table(path, rejects, required=True):
     """{first field: rest of line} from a Kaldi table file; bad lines become rejects."""
     if not os.path.isfile(path):
         if required:
-            raise FileNotFoundError(f"{path} is missing: a Kaldi data folder needs wav.scp and text")
+            hint = " (untranscribed speech: make_shards.py --unlabelled)" if path.endswith("text") else ""
+            raise FileNotFoundError(f"{path} is missing: a Kaldi data folder needs wav.scp and text{hint}")
         return {}
     table, name = {}, os.path.basename(path)
     for number, line in _decoded_lines(path):

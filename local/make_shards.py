@@ -3,11 +3,14 @@
 
     python local/make_shards.py INPUT OUT_DIR [--format auto|jsonl|tsv|wenet|commonvoice|kaldi|librispeech|folder]
         [--jobs N] [--shard-size MB] [--max-duration S] [--prefix P]
-        [--audio-field F] [--text-field F] [--id-field F] [--speaker-field F]
+        [--audio-field F] [--text-field F] [--id-field F] [--speaker-field F] [--unlabelled]
 
 INPUT is a .jsonl or .tsv manifest, a WeNet / CosyVoice data.list, a Common Voice TSV (clips/ beside
 it), a Kaldi data folder, a LibriSpeech-style folder or a folder of audio with .txt transcripts, detected
 from the input (see local/corpus_readers.py); the --*-field options name a manifest's fields.
+With --unlabelled, audio without a transcript (a folder of audio alone, a manifest without a text field,
+a Kaldi folder without ``text``) is kept with a null text: shards for pretraining, which the finetune
+loader refuses.
 OUT_DIR receives {prefix}-000000.tar ..., metadata_pool.parquet,
 metadata_core.parquet (the filtered subset), rejects.jsonl (every entry left out, with its reason) and
 summary.json.
@@ -74,6 +77,8 @@ def parse_args(argv=None):
     parser.add_argument("--allow-pipes", action="store_true", help="run Kaldi wav.scp commands ('... |') "
                         "through the shell to read their audio (only for a wav.scp you trust)")
     parser.add_argument("--pipe-timeout", type=float, default=60.0, help="seconds a wav.scp command may run")
+    parser.add_argument("--unlabelled", action="store_true", help="keep audio without a transcript (null "
+                        "text; for pretraining) instead of rejecting it as empty_text")
     fields = parser.add_argument_group("a manifest's field (JSON key, TSV column) names; default: the layout's")
     for name, example in (("audio", "wav"), ("text", "sentence"), ("id", "utt_id"), ("speaker", "client_id")):
         fields.add_argument(f"--{name}-field", help=f"e.g. {example}")
@@ -171,7 +176,8 @@ def input_fingerprint(entries, args):
     for entry in entries:
         digest.update(json.dumps([entry.key, entry.audio, entry.text, entry.start_s, entry.end_s,
                                   entry.fields], sort_keys=True).encode())
-    digest.update(json.dumps([args.prefix, args.shard_size, args.max_duration]).encode())
+    digest.update(json.dumps([args.prefix, args.shard_size, args.max_duration]
+                             + (["unlabelled"] if args.unlabelled else [])).encode())
     return digest.hexdigest()
 
 
@@ -240,9 +246,8 @@ def _encode_job(job):
 def select_core(rows, args, keep_keys=None):
     """The rows that pass the core filters: duration and characters-per-second bounds, a key list."""
     def passes(row):
-        cps = len(row["text"]) / row["duration"]
-        return (args.core_min_duration <= row["duration"] <= args.core_max_duration
-                and args.core_min_cps <= cps <= args.core_max_cps
+        cps_ok = row["text"] is None or args.core_min_cps <= len(row["text"]) / row["duration"] <= args.core_max_cps
+        return (args.core_min_duration <= row["duration"] <= args.core_max_duration and cps_ok
                 and (keep_keys is None or row["sample_key"] in keep_keys))
     return [row for row in rows if passes(row)]
 
@@ -256,11 +261,12 @@ def write_outputs(out_dir, sealed, rejects, args, last_run):
         with open(args.core_keys, encoding="utf-8") as handle:
             keep_keys = {line.strip() for line in handle if line.strip()}
     core = select_core(rows, args, keep_keys)
-    write_metadata(rows, os.path.join(out_dir, POOL_PARQUET))
-    write_metadata(core, os.path.join(out_dir, CORE_PARQUET))
+    write_metadata(rows, os.path.join(out_dir, POOL_PARQUET), unlabelled=args.unlabelled)
+    write_metadata(core, os.path.join(out_dir, CORE_PARQUET), unlabelled=args.unlabelled)
     atomic_write_text(os.path.join(out_dir, "rejects.jsonl"),
                       "".join(json.dumps(r, ensure_ascii=False) + "\n" for r in rejects))
-    summary = {"kept": len(rows), "core": len(core), "rejected": len(rejects),
+    summary = {"kept": len(rows), "core": len(core), "untranscribed": sum(row["text"] is None for row in rows),
+               "rejected": len(rejects),
                "rejected_by_reason": dict(collections.Counter(r["reason"] for r in rejects)),
                "hours": sum(r["duration"] for r in rows) / 3600, "shards": len(sealed),
                "last_run": last_run}
@@ -272,7 +278,8 @@ def main(argv=None):
     logging.basicConfig(level=logging.INFO, format="%(asctime)s %(name)s: %(message)s")
     args = parse_args(argv)
     try:
-        entries, read_rejects = read_corpus(args.input, args.format, allow_pipes=args.allow_pipes,
+        entries, read_rejects = read_corpus(args.input, args.format, text_required=not args.unlabelled,
+                                            allow_pipes=args.allow_pipes,
                                             audio=args.audio_field, text=args.text_field, key=args.id_field,
                                             speaker=args.speaker_field)
     except (FileNotFoundError, ValueError) as error:
@@ -305,9 +312,9 @@ def fail(message, status):
 
 
 def report(summary):
-    logger.info("kept %d samples (%.2f h) in %d shards; core %d; rejected %d %s", summary["kept"],
-                summary["hours"], summary["shards"], summary["core"], summary["rejected"],
-                summary["rejected_by_reason"] or "")
+    logger.info("kept %d samples (%.2f h; %d without transcript) in %d shards; core %d; rejected %d %s",
+                summary["kept"], summary["hours"], summary["untranscribed"], summary["shards"], summary["core"],
+                summary["rejected"], summary["rejected_by_reason"] or "")
     run = summary["last_run"]
     logger.info("this run encoded %.0f s of audio in %.1f s: %.1fx realtime with %d jobs",
                 run["encoded_audio_s"], run["encode_wall_s"],

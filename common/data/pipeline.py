@@ -107,9 +107,10 @@ def token_fields(tokens, prefix=""):
 
 
 def speech_sample(key, waveform, text, tokens):
-    """The per-utterance dict a speech batch is collated from (``duration`` in seconds)."""
+    """The per-utterance dict a speech batch is collated from (``duration`` in seconds; no token
+    fields when ``tokens`` is None: speech read without its text)."""
     return {"id": key, "sig": waveform, "duration": len(waveform) / SAMPLE_RATE, "text": text,
-            **token_fields(tokens)}
+            **(token_fields(tokens) if tokens is not None else {})}
 
 
 def collate(samples, features=None):

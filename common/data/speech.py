@@ -9,6 +9,7 @@ number of batches, so the order inside a rank is fixed by the plan.
 """
 
 import logging
+import os
 from collections import Counter
 
 import numpy as np
@@ -20,6 +21,7 @@ from common.data.metadata import read_speech_metadata
 from common.data.pipeline import Tokenizer, collate, count_tokens, keep_mask, speech_sample
 from common.data.planning import SlotPlan, batches_to_skip, plan_epoch
 from common.data.stream import BatchStream
+from common.shard_format import is_unlabelled
 
 logger = logging.getLogger(__name__)
 
@@ -81,7 +83,7 @@ class ShardStreamDataset(IterableDataset):
         """Per-sample steps: speed perturbation, tokenization (after the prefix tokens), sample dict."""
         text = self.metadata.texts[row]
         waveform = speed_perturb(waveform, float(self.speeds[row]))
-        tokens = self.prefix_ids + self.tokenizer.encode(text)
+        tokens = None if self.tokenizer is None else self.prefix_ids + self.tokenizer.encode(text)
         return speech_sample(self.metadata.keys[row], waveform, text, tokens)
 
 
@@ -215,7 +217,7 @@ class SpeechLoader(BatchStream):
 
 
 def make_speech_loader(parquets, tokenizer, config, seed=0, rank=0, world_size=1, fbank=None, text_field="text",
-                       prefix_tokens=None, share="shards"):
+                       prefix_tokens=None, share="shards", require_text=True):
     """Build the speech loader of one rank.
 
     Arguments
@@ -241,6 +243,10 @@ def make_speech_loader(parquets, tokenizer, config, seed=0, rank=0, world_size=1
         How ranks divide the data: ``"shards"`` (training: whole shards per rank, the same number of
         batches on every rank) or ``"batches"`` (evaluation: the batches of the one-rank plan dealt
         round-robin, every utterance exactly once, ranks differing by at most one batch).
+    require_text : bool
+        True (finetuning): samples without the text are left out, and untranscribed shards
+        (``make_shards.py --unlabelled``) are refused with a ValueError naming the folder. False
+        (pretraining, which does not read the text): every sample is used; batches carry no tokens.
 
     Returns
     -------
@@ -258,11 +264,13 @@ def make_speech_loader(parquets, tokenizer, config, seed=0, rank=0, world_size=1
     if config.fbank_in_loader and fbank is None:
         raise ValueError("fbank_in_loader: True needs the model's feature extractor: pass fbank=...")
     tokenizer = tokenizer if isinstance(tokenizer, Tokenizer) else Tokenizer(tokenizer)
+    if require_text:
+        refuse_unlabelled(parquets)
     metadata = read_speech_metadata(parquets, text_field)
     prefix_ids = [tokenizer.piece_id(t) if isinstance(t, str) else int(t) for t in prefix_tokens or []]
-    keep = texts_present(metadata.texts, text_field)
+    keep = texts_present(metadata.texts, text_field) if require_text else np.ones(len(metadata), dtype=bool)
     if config.filters:
-        texts = np.where(keep, metadata.texts, "")
+        texts = np.array([text or "" for text in metadata.texts], dtype=object)
         keep &= keep_mask(metadata.durations, count_tokens(tokenizer, texts) + len(prefix_ids), config.filters)
     metadata.shard_of_row = np.where(keep, metadata.shard_of_row, -1)
     shortest_speed = min(config.speed_perturb or [1.0])
@@ -273,10 +281,21 @@ def make_speech_loader(parquets, tokenizer, config, seed=0, rank=0, world_size=1
             f"({used.max() / shortest_speed:.2f} s after speed perturbation): raise it or lower max_duration"
         )
     features = fbank if config.fbank_in_loader else None
-    dataset = ShardStreamDataset(metadata, tokenizer, features, prefix_ids, config.cache_audio)
+    dataset = ShardStreamDataset(metadata, tokenizer if require_text else None, features, prefix_ids,
+                                 config.cache_audio)
     if share not in ("shards", "batches"):
         raise ValueError(f"share={share!r}: use 'shards' (training) or 'batches' (evaluation)")
     return SpeechLoader(metadata, dataset, config, seed, rank, world_size, share)
+
+
+def refuse_unlabelled(parquets):
+    """ValueError naming the first untranscribed shard folder among ``parquets``."""
+    for path in [parquets] if isinstance(parquets, (str, os.PathLike)) else parquets:
+        if is_unlabelled(path):
+            raise ValueError(
+                f"{os.path.dirname(os.path.abspath(path))} holds untranscribed speech (made with "
+                "local/make_shards.py --unlabelled): a model trained on transcripts cannot use it. Give it to "
+                "recipes/pretrain (--train), or shard the corpus again without --unlabelled, with its transcripts")
 
 
 def texts_present(texts, text_field):
