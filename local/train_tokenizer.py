@@ -1,8 +1,14 @@
 #!/usr/bin/env python3
-"""Train a SentencePiece tokenizer on the texts of a shard folder's parquet.
+"""Train a SentencePiece tokenizer on every text the model will see.
 
     python local/train_tokenizer.py SHARD_DIR OUT_DIR --vocab-size N [--model-type unigram|bpe]
     python local/train_tokenizer.py SHARD_DIR OUT_DIR --model-type char
+    python local/train_tokenizer.py shards/train text/mono.parquet:0.5 text/pairs.parquet OUT_DIR --vocab-size N
+
+Sources: shard folders (their parquet's transcripts; untranscribed folders give none) and text
+parquets of local/make_text_shards.py (mono text, and both sides of paired text). ``SOURCE:WEIGHT``
+scales a source's share of the training text (2: its texts twice; 0.5: a seeded half). The language
+names of text parquets (``lang``, ``tgt_lang``) become ``<lang>`` user symbols, after --user-symbols.
 
 Writes OUT_DIR/{model_type}_{vocab_size}.model and .vocab (OUT_DIR/char.model for characters: every
 character of the text is a piece, so the size follows from the text; a --vocab-size given is
@@ -19,6 +25,8 @@ import os
 import sys
 import tempfile
 
+import numpy as np
+import pyarrow.parquet as pq
 import sentencepiece as spm
 
 from common.atomic import atomic_path
@@ -32,7 +40,8 @@ SPECIAL_PIECES = SENTENCEPIECE_IDS
 def parse_args(argv=None):
     parser = argparse.ArgumentParser(description="Train a SentencePiece tokenizer on shard texts.",
                                      formatter_class=argparse.ArgumentDefaultsHelpFormatter)
-    parser.add_argument("shard_dir", nargs="+", help="shard folder(s) whose parquet texts are used")
+    parser.add_argument("sources", nargs="+", metavar="SOURCE[:WEIGHT]",
+                        help="shard folder(s) and text parquet(s) whose texts are used")
     parser.add_argument("out_dir", help="folder for the .model and .vocab files (created)")
     parser.add_argument("--vocab-size", type=int, default=None,
                         help="pieces, special ones included (unigram and bpe need it; char: the text's)")
@@ -62,6 +71,60 @@ def read_texts(shard_dirs, metadata="pool", text_field="text"):
     if not texts:
         raise ValueError(f"no '{text_field}' text found in {name} of {', '.join(shard_dirs)}")
     return texts
+
+
+def parse_source(spec):
+    """``(path, weight)`` of ``PATH[:WEIGHT]``."""
+    path, _, weight = spec.rpartition(":")
+    try:
+        return (path, float(weight)) if path else (spec, 1.0)
+    except ValueError:
+        return spec, 1.0
+
+
+def read_text_parquet(path):
+    """Texts of a make_text_shards.py parquet (source and, for pairs, target) and its ``<lang>`` tags."""
+    table = pq.read_table(path)
+    if "text" not in table.column_names:
+        raise ValueError(f"{path} is not a text parquet of local/make_text_shards.py (no 'text' column)")
+    texts, tags = [], set()
+    for column in ("text", "translation"):
+        if column in table.column_names:
+            texts += [t.strip() for t in table.column(column).to_pylist() if isinstance(t, str) and t.strip()]
+    for column in ("lang", "tgt_lang"):
+        if column in table.column_names:
+            tags |= {f"<{lang}>" for lang in table.column(column).to_pylist() if lang}
+    return texts, tags
+
+
+def weighted(texts, weight, seed=0):
+    """``texts`` repeated ``int(weight)`` times plus a seeded share ``weight % 1`` of them."""
+    if weight < 0:
+        raise ValueError(f"a source weight must be >= 0, got {weight}")
+    share = round((weight % 1) * len(texts))
+    chosen = sorted(np.random.default_rng(seed).permutation(len(texts))[:share])
+    return texts * int(weight) + [texts[i] for i in chosen]
+
+
+def read_sources(specs, metadata="pool", text_field="text"):
+    """``(texts, language tags)`` of every ``PATH[:WEIGHT]``: shard folders and text parquets."""
+    texts, tags = [], set()
+    for spec in specs:
+        path, weight = parse_source(spec)
+        if path.endswith(".parquet") and os.path.isfile(path):
+            source_texts, source_tags = read_text_parquet(path)
+            tags |= source_tags
+        else:
+            try:
+                source_texts = read_texts([path], metadata, text_field)
+            except ValueError:
+                logger.info("%s has no '%s' text (untranscribed speech): it adds no text", path, text_field)
+                continue
+        logger.info("%s: %d texts, weight %g", path, len(source_texts), weight)
+        texts += weighted(source_texts, weight)
+    if not texts:
+        raise ValueError(f"no text found in {', '.join(specs)}: give transcribed shards or text parquets")
+    return texts, sorted(tags)
 
 
 def tokenizer_name(model_type, vocab_size):
@@ -124,7 +187,8 @@ def main(argv=None):
     args = parse_args(argv)
     symbols = [s for s in args.user_symbols.split(",") if s]
     try:
-        texts = read_texts(args.shard_dir, args.metadata, args.text_field)
+        texts, tags = read_sources(args.sources, args.metadata, args.text_field)
+        symbols += [tag for tag in tags if tag not in symbols]
         model = train_tokenizer(texts, args.out_dir, args.vocab_size, args.model_type, symbols,
                                 args.character_coverage)
     except (FileNotFoundError, ValueError) as error:

@@ -54,3 +54,38 @@ def test_trains_from_a_shard_folder(make_shard_dir, tmp_path):
     with pytest.raises(SystemExit) as raised:
         main([str(tmp_path / "nowhere"), str(tmp_path / "tok"), "--vocab-size", "16"])
     assert raised.value.code == 2
+
+
+def test_every_source_reaches_the_vocabulary_with_its_language_tags(make_shard_dir, tmp_path):
+    """Mono text and both sides of paired text (make_text_shards.py parquets) join the transcripts:
+    characters only the mono text (q, z) or only the pairs' target (j, k) hold become pieces, their
+    languages become <lang> user symbols; an untranscribed shard folder adds nothing and fails nothing."""
+    from local import make_shards, make_text_shards
+    from tests.conftest import write_tone
+
+    shards = make_shard_dir(num_samples=6)
+    (tmp_path / "mono.txt").write_text("zyxwv quorum zyxwv\n" * 40)
+    (tmp_path / "pairs.tsv").write_text("hello there\tjklmn bonjour jklmn\n" * 40)
+    make_text_shards.main([str(tmp_path / "mono.txt"), str(tmp_path / "mono.parquet"), "--lang", "en"])
+    make_text_shards.main([str(tmp_path / "pairs.tsv"), str(tmp_path / "pairs.parquet"), "--paired",
+                           "--lang", "en", "--tgt-lang", "fr"])
+    (tmp_path / "audio").mkdir()
+    write_tone(tmp_path / "audio" / "a.wav", 1.0)
+    make_shards.main([str(tmp_path / "audio"), str(tmp_path / "unlabelled"), "--jobs", "1", "--unlabelled"])
+    main([str(shards), str(tmp_path / "mono.parquet"), str(tmp_path / "pairs.parquet:2"),
+          str(tmp_path / "unlabelled"), str(tmp_path / "tok"), "--model-type", "char", "--user-symbols", "<mask>"])
+    processor = spm.SentencePieceProcessor(model_file=str(tmp_path / "tok" / "char.model"))
+    pieces = [processor.id_to_piece(i) for i in range(processor.vocab_size())]
+    assert pieces[4:7] == ["<mask>", "<en>", "<fr>"]
+    assert {"q", "z", "j", "k"} <= set(pieces)
+    assert processor.unk_id() not in processor.encode("zyxwv quorum jklmn bonjour hello there")
+
+
+def test_a_weight_scales_a_source_share_deterministically():
+    from local.train_tokenizer import parse_source, weighted
+
+    texts = [f"t{i}" for i in range(10)]
+    assert parse_source("a/b.parquet:0.5") == ("a/b.parquet", 0.5)
+    assert parse_source("shards/train") == ("shards/train", 1.0)
+    assert len(weighted(texts, 2.0)) == 20 and len(weighted(texts, 0.5)) == 5
+    assert weighted(texts, 1.3) == weighted(texts, 1.3) and len(weighted(texts, 1.3)) == 13
