@@ -9,7 +9,11 @@ Three tasks share the finetune graph's weights:
   token embedding (``transformer.custom_tgt_module``, shared), run through the same encoder, and the
   decoder (``transformer.decoder`` + ``seq_lin``) produces the target, teacher-forced.
 
-Only ``PretrainHeads`` (``unit_head``, ``mask_embedding``) is new; the graph keeps the names of
+The speech targets are k-means units of MFCCs (``local/extract_units.py``, looked up by key) or BEST-RQ
+codes (``BestRqTargets``: SpeechBrain's ``RandomProjectionQuantizer`` on per-utterance normalised Fbank
+frames stacked to the encoder frame rate, computed in the pass, fixed by a seed).
+
+Only ``PretrainHeads`` (``unit_head``, ``mask_embedding``, the BEST-RQ quantiser) is new; the graph keeps the names of
 ``common/models/encoder_decoder.py``, so its checkpoint (``model.ckpt``) loads into finetuning by
 name. ``JointPretrainModel.forward`` dispatches on the task, so one DDP wrapper covers every batch
 (run with ``find_unused_parameters``: a text batch leaves the front-end unused).
@@ -20,7 +24,9 @@ from typing import NamedTuple
 
 import torch
 from speechbrain.lobes.models.transformer.TransformerASR import make_transformer_src_tgt_masks
+from speechbrain.nnet.quantisers import RandomProjectionQuantizer
 
+from common.data.units import count_units
 from common.tokens import BLANK
 
 logger = logging.getLogger(__name__)
@@ -34,6 +40,71 @@ class MaskedSpeechOutput(NamedTuple):
     unit_logits: torch.Tensor  # [batch, frames, n_units]
     frame_mask: torch.Tensor  # [batch, frames], True where the input frame was masked
     enc_states: torch.Tensor  # [batch, frames, d_model]
+    targets: torch.Tensor = None  # [batch, frames] BEST-RQ codes (None: k-means units, looked up by key)
+
+
+class BestRqTargets(torch.nn.Module):
+    """BEST-RQ targets (Chiu et al. 2022): each encoder frame's Fbank frames, stacked, projected by a
+    frozen random matrix and matched to the nearest of a frozen random codebook
+    (``speechbrain.nnet.quantisers.RandomProjectionQuantizer``). Features are normalised per utterance
+    (mean and variance of its own frames), so the targets depend on the audio and the seed only, not on
+    the model's running statistics: the same from the first update to the last.
+
+    Arguments
+    ---------
+    n_mels : int
+        Fbank bins.
+    stack : int
+        Fbank frames (10 ms) per encoder frame: the front-end's total stride.
+    codebook_size, codebook_dim : int
+        BEST-RQ: 8192 x 16 on 60k hours; a few hours want a few hundred codes.
+    seed : int
+        Fixes the projection and the codebook (stored as buffers in the checkpoint too).
+    """
+
+    def __init__(self, n_mels, stack, codebook_size=512, codebook_dim=16, seed=0):
+        super().__init__()
+        self.stack = stack
+        with torch.random.fork_rng(devices=[]):
+            torch.manual_seed(seed)
+            self.quantiser = RandomProjectionQuantizer(n_mels * stack, codebook_dim, codebook_size)
+
+    def forward(self, feats, rel_lens, num_frames):
+        """Codes [batch, num_frames] of raw Fbank ``feats`` [batch, time, n_mels] (relative lengths)."""
+        batch, time, n_mels = feats.shape
+        valid = (torch.arange(time, device=feats.device)[None] < torch.round(rel_lens * time)[:, None]).unsqueeze(-1)
+        count = valid.sum(dim=1, keepdim=True).clamp(min=1)
+        mean = (feats * valid).sum(dim=1, keepdim=True) / count
+        std = (((feats - mean) ** 2 * valid).sum(dim=1, keepdim=True) / count).sqrt().clamp(min=1e-5)
+        normalised = ((feats - mean) / std) * valid
+        wanted = num_frames * self.stack
+        normalised = torch.nn.functional.pad(normalised, (0, 0, 0, max(0, wanted - time)))[:, :wanted]
+        stacked = normalised.reshape(batch, num_frames, self.stack * n_mels)
+        return self.quantiser(stacked.float())
+
+
+def make_bestrq_targets(speech_targets, n_mels, stack, codebook_size, codebook_dim, seed):
+    """The ``BestRqTargets`` of ``speech_targets: bestrq``, None for ``kmeans`` (configs call this)."""
+    check_speech_targets(speech_targets)
+    if speech_targets != "bestrq":
+        return None
+    return BestRqTargets(n_mels, int(stack), codebook_size, codebook_dim, seed)
+
+
+def count_targets(speech_targets, units_dirs, codebook_size):
+    """Classes of the unit head: the k-means clusters of ``units_dirs``, or the BEST-RQ codebook size."""
+    check_speech_targets(speech_targets)
+    if speech_targets == "bestrq":
+        return codebook_size
+    if not units_dirs:
+        raise ValueError("speech_targets: kmeans needs units_dirs (local/extract_units.py folders), "
+                         "or set speech_targets: bestrq")
+    return count_units(units_dirs)
+
+
+def check_speech_targets(speech_targets):
+    if speech_targets not in ("kmeans", "bestrq"):
+        raise ValueError(f"speech_targets: {speech_targets!r}: use kmeans or bestrq")
 
 
 class PretrainHeads(torch.nn.Module):
@@ -44,13 +115,19 @@ class PretrainHeads(torch.nn.Module):
     d_model : int
         Encoder width.
     n_units : int
-        k-means clusters (``kmeans.json``'s ``n_units``).
+        k-means clusters (``kmeans.json``'s ``n_units``) or BEST-RQ codes.
+    bestrq : BestRqTargets, optional
+        Computes the speech targets in the pass (None: k-means units looked up by key).
     """
 
-    def __init__(self, d_model, n_units):
+    def __init__(self, d_model, n_units, bestrq=None):
         super().__init__()
         self.unit_head = torch.nn.Linear(d_model, n_units)
         self.mask_embedding = torch.nn.Parameter(torch.empty(d_model).uniform_())  # as HuBERT
+        self.bestrq = bestrq
+        if bestrq is not None and bestrq.quantiser.cb_vocab != n_units:
+            raise ValueError(f"n_units={n_units} but the BEST-RQ codebook has {bestrq.quantiser.cb_vocab} codes: "
+                             "set n_units to bestrq_codebook_size")
 
 
 def encode_embedded(transformer, src, rel_lens):
@@ -127,13 +204,18 @@ class JointPretrainModel(torch.nn.Module):
             ``common.masking.mask_spans`` with its options bound), called on encoder-input frames.
         """
         model = self.model
-        src = model.frontend(model.extract_features(wavs, wav_lens, epoch))
+        fbank = model.compute_features(wavs) if wavs.dim() == 2 else wavs  # (the loader's, when it made them)
+        src = model.frontend(model.extract_features(fbank, wav_lens, epoch))
+        targets = None
+        if self.heads.bestrq is not None:
+            with torch.no_grad():
+                targets = self.heads.bestrq(fbank, wav_lens, src.shape[1])
         src = model.transformer.custom_src_module(src.flatten(start_dim=2))
         lengths = torch.round(wav_lens * src.shape[1]).long()
         frame_mask = mask_frames(lengths.cpu(), src.shape[1]).to(src.device)
         src = torch.where(frame_mask.unsqueeze(-1), self.heads.mask_embedding.to(src.dtype), src)
         enc_states, _ = encode_embedded(model.transformer, src, wav_lens)
-        return MaskedSpeechOutput(self.heads.unit_head(enc_states), frame_mask, enc_states)
+        return MaskedSpeechOutput(self.heads.unit_head(enc_states), frame_mask, enc_states, targets)
 
     def text_to_text(self, src_tokens, src_lens, tokens_bos):
         """Source tokens [batch, length] (relative lengths [batch]) → decoder log-probabilities

@@ -27,6 +27,7 @@ pairs_options=""    # make_text_shards.py options for --pairs, e.g. "--lang en -
 vocab_size=300      # SentencePiece pieces (as the finetune recipe: finetuning reuses this tokenizer)
 token_type=bpe      # unigram | bpe | char
 user_symbols="<mask>"  # tokenizer symbols: <mask> for denoising, plus the language tags used
+speech_targets=kmeans  # kmeans (stage 2 makes units) | bestrq (random-projection codes: no stage 2)
 n_units=100         # k-means clusters (HuBERT iteration 1: 100)
 config=hparams/demo.yaml  # train.py config, relative to recipes/pretrain/ or to the repository
 exp=""              # experiment folder (default: exp/pretrain_<config name>)
@@ -36,7 +37,7 @@ torchrun_args=""    # several nodes: e.g. "--nnodes=2 --rdzv_backend=c10d --rdzv
 python=${PYTHON:-.venv/bin/python}
 usage="Usage: $0 [--stage N] [--stop_stage N] [--data DIR] [--train SHARDS] [--valid SHARDS]
        [--text PATH] [--text_options OPTS] [--pairs PATH] [--pairs_options OPTS] [--vocab_size N]
-       [--token_type T] [--user_symbols LIST] [--n_units N] [--config YAML] [--exp DIR] [--jobs N]
+       [--token_type T] [--user_symbols LIST] [--speech_targets kmeans|bestrq] [--n_units N] [--config YAML] [--exp DIR] [--jobs N]
        [--nproc_per_node N] [--torchrun_args \"...\"] [-- train.py overrides]"
 . local/parse_options.sh
 . local/launch_training.sh
@@ -77,13 +78,18 @@ fi
 
 tokenizer=$data/tokenizer_pretrain/${token_type}_${vocab_size}.model
 if [ "$stage" -le 1 ] && [ "$stop_stage" -ge 1 ]; then
-  log "Stage 1: tokenizer: $train (+ symbols $user_symbols) -> $tokenizer"
-  $python local/train_tokenizer.py "$train" "$data/tokenizer_pretrain" --vocab-size "$vocab_size" \
+  # every text the model will see: the speech's transcripts (none when untranscribed), mono text, both
+  # sides of the pairs; their language names become tags
+  sources=("$train")
+  [ -z "$text" ] || sources+=("$(text_parquet mono "$text")")
+  [ -z "$pairs" ] || sources+=("$(text_parquet pairs "$pairs")")
+  log "Stage 1: tokenizer: ${sources[*]} (+ symbols $user_symbols) -> $tokenizer"
+  $python local/train_tokenizer.py "${sources[@]}" "$data/tokenizer_pretrain" --vocab-size "$vocab_size" \
     --model-type "$token_type" --user-symbols "$user_symbols"
 fi
 
 units=$data/units/$(basename "$train")
-if [ "$stage" -le 2 ] && [ "$stop_stage" -ge 2 ]; then
+if [ "$stage" -le 2 ] && [ "$stop_stage" -ge 2 ] && [ "$speech_targets" = kmeans ]; then
   log "Stage 2: units: $train -> $units (k-means, $n_units units)"
   $python local/extract_units.py "$train" "$units" --n-units "$n_units" --jobs "$jobs"
   if [ -n "$valid" ]; then
@@ -95,11 +101,12 @@ fi
 
 if [ "$stage" -le 3 ] && [ "$stop_stage" -ge 3 ]; then
   train_args=("$config" "--output_folder=$exp" "--tokenizer_file=$tokenizer"
-    "--speech_parquets=[$(pool_parquet "$train")]" "--units_dirs=[$units]")
+    "--speech_parquets=[$(pool_parquet "$train")]" "--speech_targets=$speech_targets")
+  [ "$speech_targets" != kmeans ] || train_args+=("--units_dirs=[$units]")
   [ -z "$text" ] || train_args+=("--text_parquets=[$(text_parquet mono "$text")]")
   [ -z "$pairs" ] || train_args+=("--paired_parquets=[$(text_parquet pairs "$pairs")]")
-  [ -z "$valid" ] || train_args+=("--valid_parquet=$(pool_parquet "$valid")"
-    "--valid_units_dir=$data/units/$(basename "$valid")")
+  [ -z "$valid" ] || train_args+=("--valid_parquet=$(pool_parquet "$valid")")
+  [ -z "$valid" ] || [ "$speech_targets" != kmeans ] || train_args+=("--valid_units_dir=$data/units/$(basename "$valid")")
   log "Stage 3: pretrain: $train + ${text:-no text} + ${pairs:-no pairs} -> $exp"
   launch_training recipes/pretrain/train.py "${train_args[@]}" "${passthrough[@]}"
 fi

@@ -8,7 +8,8 @@
 
 Each batch holds one modality, drawn from a ``MixedLoader`` (weights or temperature α):
 
-- ``speech``: span-masked encoder input, cross-entropy against k-means units on masked frames;
+- ``speech``: span-masked encoder input, cross-entropy on masked frames against k-means units
+  (``speech_targets: kmeans``, from ``units_dirs``) or BEST-RQ codes (``bestrq``, computed in the pass);
 - ``text``: BART noising of the source, the decoder reconstructs the sentence;
 - ``paired``: the source through the same text path, the decoder produces the target.
 
@@ -82,9 +83,11 @@ class JointPretraining(RecipeBrain):
         """The task's loss times its weight; per-task figures kept for logging."""
         task, out = predictions
         if task == SPEECH:
-            units, lengths = self.units.batch(batch.id)
-            targets = units_at_frames(units, lengths, out.unit_logits.shape[1],
-                                      self.hparams.encoder_frame_rate_hz, self.units.frame_rate_hz)
+            targets = out.targets
+            if targets is None:  # k-means units, looked up by key and brought to the encoder frame rate
+                units, lengths = self.units.batch(batch.id)
+                targets = units_at_frames(units, lengths, out.unit_logits.shape[1],
+                                          self.hparams.encoder_frame_rate_hz, self.units.frame_rate_hz)
             losses = masked_unit_loss(out.unit_logits, targets.to(self.device), out.frame_mask,
                                       self.hparams.unmasked_weight)
         else:
@@ -114,13 +117,13 @@ class JointPretraining(RecipeBrain):
 
 
 def speech_loader(hparams, parquets, training, rank=0, world_size=1):
-    """Speech batches (texts unused): this rank's share as the ``speech_loader`` block says, or every
-    utterance as the ``eval_loader`` block says."""
+    """Speech batches (texts unused: untranscribed shards welcome): this rank's share as the
+    ``speech_loader`` block says, or every utterance as the ``eval_loader`` block says."""
     block = "speech_loader" if training else "eval_loader"
     config = SpeechLoaderConfig.from_config(hparams[block], block)
     return make_speech_loader(parquets, hparams["tokenizer_file"], config,
                               seed=hparams["seed"], rank=rank, world_size=world_size,
-                              fbank=hparams["graph"]["compute_features"])
+                              fbank=hparams["graph"]["compute_features"], require_text=False)
 
 
 def text_loader(hparams, parquets, rank, world_size, paired):
@@ -161,15 +164,19 @@ def main(argv):
     brain = JointPretraining(modules={"pretrain": hparams["pretrain_model"]}, opt_class=hparams["optimizer"],
                              hparams=hparams, run_opts=run_opts, checkpointer=hparams["checkpointer"])
     brain.noiser = make_noiser(hparams, Tokenizer(hparams["tokenizer_file"]))
-    unit_dirs = hparams["units_dirs"] + ([hparams["valid_units_dir"]] if hparams["valid_units_dir"] else [])
-    brain.units = read_units(unit_dirs, expected_hash=hparams["kmeans_hash"])
+    kmeans = hparams["speech_targets"] == "kmeans"
+    if kmeans:
+        unit_dirs = hparams["units_dirs"] + ([hparams["valid_units_dir"]] if hparams["valid_units_dir"] else [])
+        brain.units = read_units(unit_dirs, expected_hash=hparams["kmeans_hash"])
     brain.train_loader = training_mix(hparams, *rank_and_world_size())
-    brain.units.check_covers(brain.train_loader.streams[SPEECH].used_keys(), hparams["speech_parquets"])
+    if kmeans:
+        brain.units.check_covers(brain.train_loader.streams[SPEECH].used_keys(), hparams["speech_parquets"])
     hparams["checkpointer"].add_recoverable("train_loader", brain.train_loader)
     if hparams["valid_parquet"]:
         brain.valid_loader = speech_loader(hparams, hparams["valid_parquet"], False)
         brain.valid_loader.name = "valid"  # labels its end-of-pass log line
-        brain.units.check_covers(brain.valid_loader.used_keys(), hparams["valid_parquet"])
+        if kmeans:
+            brain.units.check_covers(brain.valid_loader.used_keys(), hparams["valid_parquet"])
     brain.fit(hparams["epoch_counter"], brain.train_loader, brain.valid_loader)
 
 

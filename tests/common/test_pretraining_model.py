@@ -76,3 +76,22 @@ def test_the_graph_inside_the_pretrain_model_loads_strictly_into_a_finetune_buil
     target = load_graph()["model"]
     target.load_state_dict(joint.model.state_dict(), strict=True)
     assert all(not name.startswith("model.") for name in joint.heads.state_dict())
+
+
+def test_bestrq_targets_are_deterministic_for_a_seed_and_at_the_encoder_frame_rate():
+    """Same seed → same projection, codebook and codes; another seed → other codes; one code per encoder
+    frame (stacked Fbank frames), within the codebook; padding does not change an utterance's codes."""
+    from common.models.pretraining import BestRqTargets
+
+    torch.manual_seed(0)
+    feats = torch.randn(2, 37, 20) * 3 + 1
+    lens = torch.tensor([1.0, 24 / 37])
+    first, again, other = (BestRqTargets(20, 4, 64, 8, seed=s) for s in (7, 7, 8))
+    codes = first(feats, lens, 10)
+    assert codes.shape == (2, 10) and codes.dtype == torch.long
+    assert int(codes.min()) >= 0 and int(codes.max()) < 64
+    assert torch.equal(codes, again(feats, lens, 10))
+    assert not torch.equal(codes, other(feats, lens, 10))
+    alone = first(feats[1:, :24], torch.tensor([1.0]), 6)
+    assert torch.equal(alone, codes[1:, :6])
+    assert len(set(codes[0].tolist())) > 1  # not a constant target

@@ -159,3 +159,28 @@ def test_two_ranks_under_torchrun_pretrain_every_task_in_equal_steps(pretrain_da
     log = open(exp / "train_log.txt").read()
     for task in ("speech", "text", "paired"):
         assert float(re.search(rf"{task}_share: ([-+.\de]+)", log).group(1)) > 0, task
+
+
+def test_bestrq_pretraining_reads_untranscribed_shards_without_a_units_stage(speech_corpus, pretrain_data, tmp_path):
+    """speech_targets=bestrq on shards made with --unlabelled (null texts) and no units folder: the
+    speech task trains (finite masked loss), the unit head has one output per code, and the codes saved
+    with the heads are the seed's."""
+    from common.models.pretraining import BestRqTargets
+    from local import make_shards
+
+    records = [json.loads(line) for line in open(speech_corpus / "train.jsonl")]
+    manifest = tmp_path / "audio_only.jsonl"
+    manifest.write_text("".join(json.dumps({"id": r["id"], "audio": os.path.join(speech_corpus, r["audio"])}) + "\n"
+                                for r in records))
+    make_shards.main([str(manifest), str(tmp_path / "shards"), "--jobs", "1", "--unlabelled"])
+    exp = tmp_path / "bestrq"
+    train.main([os.path.join(CONFIGS, "demo.yaml"), f"--output_folder={exp}",
+                f"--tokenizer_file={pretrain_data['tokenizer']}", "--speech_targets=bestrq",
+                "--bestrq_codebook_size=32", f"--speech_parquets=[{tmp_path / 'shards'}/metadata_pool.parquet]",
+                f"--text_parquets=[{pretrain_data['mono']}]", *TINY, "--number_of_epochs=1"])
+    log = open(exp / "train_log.txt").read()
+    assert math.isfinite(float(re.search(r"speech_masked_loss: ([-+.\de]+)", log).group(1)))
+    heads = torch.load(glob.glob(str(exp / "save" / "CKPT+*" / "heads.ckpt"))[-1])
+    assert heads["unit_head.weight"].shape[0] == 32
+    expected = BestRqTargets(72, 9, 32, 16, seed=1234).quantiser
+    assert torch.equal(heads["bestrq.quantiser.CB"], expected.CB)
