@@ -1,6 +1,6 @@
 """Read a user's corpus into entries (key, audio path, text, carried fields) and rejects.
 
-Seven layouts are understood, detected from the input (``detect_format``) or named; each reader returns
+Eight layouts are understood, detected from the input (``detect_format``) or named; each reader returns
 ``(entries, rejects)`` and never raises on a bad line: the line becomes a reject with a reason, so one
 broken entry never costs the rest of the corpus.
 
@@ -13,6 +13,8 @@ broken entry never costs the rest of the corpus.
   ``utt2spk`` and ``segments``.
 - ``librispeech``: ``SPEAKER/CHAPTER/SPEAKER-CHAPTER.trans.txt`` files beside their audio.
 - ``folder``: audio files (wav / flac / ogg / opus / mp3) under a folder, each with a same-named ``.txt``.
+- ``hfparquet``: a Hugging Face dataset saved as parquet (a ``.parquet`` file or a folder of them), the
+  audio a struct of ``bytes`` / ``path`` (``local/hf_parquet.py``; bytes written once to ``extract_dir``).
 
 A manifest's field names can be given (``read_corpus(..., audio="file", text="words", key="uid",
 speaker="who")``; make_shards' ``--audio-field`` ...).
@@ -26,9 +28,12 @@ import io
 import json
 import os
 import re
+import tempfile
+
+from local import hf_parquet
 
 AUDIO_EXTENSIONS = (".wav", ".flac", ".ogg", ".opus", ".mp3")
-FORMATS = ("jsonl", "tsv", "kaldi", "folder", "wenet", "commonvoice", "librispeech")
+FORMATS = ("jsonl", "tsv", "kaldi", "folder", "wenet", "commonvoice", "librispeech", "hfparquet")
 KEY_FIELDS = ("id", "key", "utt_id")
 RESERVED_FIELDS = {"audio", "path", "text", "duration", *KEY_FIELDS}
 
@@ -62,14 +67,19 @@ def detect_format(path):
     if os.path.isdir(path):
         if os.path.isfile(os.path.join(path, "wav.scp")):
             return "kaldi"
-        return "librispeech" if librispeech_transcripts(path) else "folder"
+        if librispeech_transcripts(path):
+            return "librispeech"
+        return "hfparquet" if hf_parquet.holds_hf_parquet(path) else "folder"
+    if path.endswith(".parquet"):
+        return "hfparquet"
     readable = os.path.isfile(path)  # a file to be written later is named by its extension alone
     if path.endswith(".jsonl") or path.endswith(".json") or path.endswith(".list"):
         return "wenet" if readable and _first_record_has(path, ("wav", "txt")) else "jsonl"
     if path.endswith(".tsv"):
         return "commonvoice" if readable and {"client_id", "path", "sentence"} <= set(tsv_header(path)) else "tsv"
     raise ValueError(f"cannot tell the format of {path}: expected a .jsonl / .list / .tsv file, a Kaldi "
-                     "data folder (with wav.scp), a LibriSpeech-style folder or a folder of audio; pass --format")
+                     "data folder (with wav.scp), a LibriSpeech-style folder, a folder of audio or a Hugging "
+                     "Face .parquet; pass --format")
 
 
 def _first_record_has(path, keys):
@@ -84,15 +94,20 @@ def _first_record_has(path, keys):
     return False
 
 
-def read_corpus(path, corpus_format="auto", text_required=True, allow_pipes=False, **field_names):
+def read_corpus(path, corpus_format="auto", text_required=True, allow_pipes=False, extract_dir=None,
+                **field_names):
     """Read ``path`` in ``corpus_format`` (or detected); return (entries, rejects), duplicates rejected.
     ``text_required=False`` keeps entries without a transcript (``text`` None) instead of rejecting them;
-    ``allow_pipes`` keeps Kaldi ``wav.scp`` commands (``... |``) as piped entries; ``field_names``
+    ``allow_pipes`` keeps Kaldi ``wav.scp`` commands (``... |``) as piped entries; ``extract_dir``: where
+    a Hugging Face parquet's audio bytes are written (default: a new temporary folder); ``field_names``
     (``audio``, ``text``, ``key``, ``speaker``) rename a manifest's fields."""
     if not os.path.exists(path):
         raise FileNotFoundError(f"{path} does not exist: give a manifest file or a corpus folder")
     corpus_format = detect_format(path) if corpus_format == "auto" else corpus_format
-    if corpus_format in LAYOUT_FIELDS:
+    if corpus_format == "hfparquet":
+        fields = Fields().with_overrides(**field_names)
+        entries, rejects = read_hf_parquet(path, text_required, fields, extract_dir or tempfile.mkdtemp())
+    elif corpus_format in LAYOUT_FIELDS:
         fields = LAYOUT_FIELDS[corpus_format].with_overrides(**field_names)
         reader = read_tsv if corpus_format in ("tsv", "commonvoice") else read_jsonl
         entries, rejects = reader(path, text_required, fields)
@@ -199,6 +214,24 @@ def _entry_from_record(record, base, origin, fields, text_required=True):
     if record.get(fields.speaker) not in (None, ""):
         carried["speaker"] = record[fields.speaker]
     return Entry(key, resolved, text, origin, carried)
+
+
+def read_hf_parquet(path, text_required, fields, extract_dir):
+    """Entries and rejects from a Hugging Face parquet dataset (``local/hf_parquet.py``)."""
+    files = hf_parquet.parquet_files(path)
+    if not files:
+        raise FileNotFoundError(f"no .parquet file in {path}")
+    audio, text, keys, speaker = hf_parquet.column_names(files[0], fields)
+    if text is None and text_required:
+        raise ValueError(f"{files[0]} has no transcript column (none of {hf_parquet.TEXT_COLUMNS}): pass "
+                         "--text-field, or --unlabelled for untranscribed speech")
+    fields = dataclasses.replace(fields, audio=audio, text=text or "", key=keys + (hf_parquet.EXTRACTED_KEY,),
+                                 speaker=speaker or "")
+    entries, rejects = [], []
+    for origin, base, record in hf_parquet.iter_records(files, audio, keys, extract_dir):
+        result = _entry_from_record(record, base, origin, fields, text_required)
+        (entries if isinstance(result, Entry) else rejects).append(result)
+    return entries, rejects
 
 
 def key_of_path(path, base):

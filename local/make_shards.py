@@ -3,10 +3,11 @@
 
     python local/make_shards.py INPUT OUT_DIR [--format auto|jsonl|tsv|wenet|commonvoice|kaldi|librispeech|folder]
         [--jobs N] [--shard-size MB] [--max-duration S] [--prefix P]
-        [--audio-field F] [--text-field F] [--id-field F] [--speaker-field F] [--unlabelled]
+        [--audio-field F] [--text-field F] [--id-field F] [--speaker-field F] [--unlabelled] [--bitrate KBPS]
 
 INPUT is a .jsonl or .tsv manifest, a WeNet / CosyVoice data.list, a Common Voice TSV (clips/ beside
-it), a Kaldi data folder, a LibriSpeech-style folder or a folder of audio with .txt transcripts, detected
+it), a Kaldi data folder, a LibriSpeech-style folder, a folder of audio with .txt transcripts or a Hugging
+Face dataset saved as parquet (audio bytes extracted once to OUT_DIR/.parts/audio), detected
 from the input (see local/corpus_readers.py); the --*-field options name a manifest's fields.
 With --unlabelled, audio without a transcript (a folder of audio alone, a manifest without a text field,
 a Kaldi folder without ``text``) is kept with a null text: shards for pretraining, which the finetune
@@ -40,7 +41,7 @@ import soundfile as sf
 from tqdm import tqdm
 
 from common.atomic import atomic_write_text
-from common.audio import SAMPLE_RATE, AudioError, encode_opus, read_audio, read_audio_command
+from common.audio import OPUS_KBPS_RANGE, SAMPLE_RATE, AudioError, encode_opus, read_audio, read_audio_command
 from common.parallel import process_pool
 from common.shard_format import (
     CORE_PARQUET,
@@ -77,6 +78,8 @@ def parse_args(argv=None):
     parser.add_argument("--allow-pipes", action="store_true", help="run Kaldi wav.scp commands ('... |') "
                         "through the shell to read their audio (only for a wav.scp you trust)")
     parser.add_argument("--pipe-timeout", type=float, default=60.0, help="seconds a wav.scp command may run")
+    parser.add_argument("--bitrate", type=float, help="Opus encoder bitrate in kbit/s (6-256, VBR); default: "
+                        "libsndfile's (~26 for 16 kHz speech). 16 kHz mono Opus inputs are copied as they are")
     parser.add_argument("--unlabelled", action="store_true", help="keep audio without a transcript (null "
                         "text; for pretraining) instead of rejecting it as empty_text")
     fields = parser.add_argument_group("a manifest's field (JSON key, TSV column) names; default: the layout's")
@@ -91,7 +94,7 @@ def parse_args(argv=None):
     return parser.parse_args(argv)
 
 
-def encode_entry(entry, max_duration_s, pipe_timeout_s=60.0):
+def encode_entry(entry, max_duration_s, pipe_timeout_s=60.0, bitrate_kbps=None):
     """Worker: read, resample, encode one entry. Returns (key, opus, json bytes, seconds, source rate)
     or a reject. A whole file that is already 16 kHz mono Ogg Opus is decoded (to check it) and its
     bytes copied: no second lossy encoding. A piped entry's command is run (``pipe_timeout_s``)."""
@@ -103,7 +106,7 @@ def encode_entry(entry, max_duration_s, pipe_timeout_s=60.0):
         else:
             audio = read_audio(entry.audio, entry.start_s, entry.end_s, max_duration_s=max_duration_s)
             rate, copyable = source_format(entry)
-        opus = read_bytes(entry.audio) if copyable else encode_opus(audio)
+        opus = read_bytes(entry.audio) if copyable else encode_opus(audio, bitrate_kbps=bitrate_kbps)
     except AudioError as error:
         return make_reject(entry.key, entry.origin, error.reason, str(error))
     except Exception as error:  # noqa: BLE001 - one strange file must not stop the corpus
@@ -172,12 +175,15 @@ def sidecar_path(out_dir, shard_name):
 
 def input_fingerprint(entries, args):
     """A hash of everything that decides the shards' content, to refuse mixing two inputs in one folder."""
-    digest = hashlib.sha256()
+    digest, extracted = hashlib.sha256(), os.path.join(args.out_dir, PARTS, "audio")
     for entry in entries:
         digest.update(json.dumps([entry.key, entry.audio, entry.text, entry.start_s, entry.end_s,
                                   entry.fields], sort_keys=True).encode())
+        if os.path.dirname(entry.audio) == extracted:  # a parquet's audio: same path, maybe new bytes
+            digest.update(hashlib.sha256(read_bytes(entry.audio)).digest())
     digest.update(json.dumps([args.prefix, args.shard_size, args.max_duration]
-                             + (["unlabelled"] if args.unlabelled else [])).encode())
+                             + (["unlabelled"] if args.unlabelled else [])
+                             + ([args.bitrate] if args.bitrate is not None else [])).encode())
     return digest.hexdigest()
 
 
@@ -220,7 +226,7 @@ def remove_outputs(out_dir, prefix):
 def encode_all(entries, args, assembler, start):
     """Encode entries[start:] in parallel and feed them, in order, to the assembler; returns how many
     kept inputs had each sample rate below 16 kHz (``{rate: count}``), warned about once."""
-    jobs = [(entry, args.max_duration, args.pipe_timeout) for entry in entries[start:]]
+    jobs = [(entry, args.max_duration, args.pipe_timeout, args.bitrate) for entry in entries[start:]]
     low_rates = collections.Counter()
     with process_pool(args.jobs) as pool:
         results = pool.imap(_encode_job, jobs, chunksize=4)
@@ -277,9 +283,12 @@ def write_outputs(out_dir, sealed, rejects, args, last_run):
 def main(argv=None):
     logging.basicConfig(level=logging.INFO, format="%(asctime)s %(name)s: %(message)s")
     args = parse_args(argv)
+    if args.bitrate is not None and not OPUS_KBPS_RANGE[0] <= args.bitrate <= OPUS_KBPS_RANGE[1]:
+        fail(f"--bitrate {args.bitrate:g}: Opus takes {OPUS_KBPS_RANGE[0]:g}-{OPUS_KBPS_RANGE[1]:g} kbit/s", status=2)
     try:
         entries, read_rejects = read_corpus(args.input, args.format, text_required=not args.unlabelled,
                                             allow_pipes=args.allow_pipes,
+                                            extract_dir=os.path.join(args.out_dir, PARTS, "audio"),
                                             audio=args.audio_field, text=args.text_field, key=args.id_field,
                                             speaker=args.speaker_field)
     except (FileNotFoundError, ValueError) as error:
