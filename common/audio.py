@@ -96,10 +96,20 @@ def to_mono_rate(samples, rate, target_rate=SAMPLE_RATE):
     return np.ascontiguousarray(mono, dtype=np.float32)
 
 
-def encode_opus(samples, rate=SAMPLE_RATE):
-    """Encode float32 mono ``samples`` as Ogg Opus bytes (libsndfile's default VBR bitrate)."""
+OPUS_KBPS_RANGE = (6.0, 256.0)  # libsndfile maps compression level 0..1 linearly onto 256..6 kbit/s
+
+
+def encode_opus(samples, rate=SAMPLE_RATE, bitrate_kbps=None):
+    """Encode float32 mono ``samples`` as Ogg Opus bytes: VBR around ``bitrate_kbps`` kbit/s
+    (6-256), or libsndfile's default (about 26 kbit/s for noisy 16 kHz speech) when None."""
+    options = {}
+    if bitrate_kbps is not None:
+        low, high = OPUS_KBPS_RANGE
+        if not low <= bitrate_kbps <= high:
+            raise ValueError(f"Opus bitrate {bitrate_kbps} kbit/s is outside {low:g}-{high:g}")
+        options["compression_level"] = (high - bitrate_kbps) / (high - low)
     buffer = io.BytesIO()
-    sf.write(buffer, np.clip(samples, -1.0, 1.0), rate, format="OGG", subtype="OPUS")
+    sf.write(buffer, np.clip(samples, -1.0, 1.0), rate, format="OGG", subtype="OPUS", **options)
     return buffer.getvalue()
 
 

@@ -132,6 +132,21 @@ def test_16k_mono_opus_is_copied_and_low_rates_are_counted(tmp_path):
     assert summary["last_run"]["inputs_below_16k_by_rate"] == {"8000": 1}
 
 
+def test_bitrate_sets_the_opus_size_and_a_bad_one_is_a_usage_error(tmp_path):
+    """--bitrate 64 makes shards of noisy audio several times larger than --bitrate 12 (the bytes follow
+    the requested rate, within VBR's spread); a rate Opus cannot do is exit 2 before any work."""
+    write_tone(tmp_path / "a.wav", 4.0)
+    write_manifest(tmp_path / "m.jsonl", [{"id": "a", "audio": "a.wav", "text": "a tone"}])
+    sizes = {}
+    for kbps in (12, 64):
+        run([tmp_path / "m.jsonl", tmp_path / f"out{kbps}", "--bitrate", kbps])
+        sizes[kbps] = pool_rows(tmp_path / f"out{kbps}")[0]["opus_size"] * 8 / 4.0 / 1000  # kbit/s
+    assert 8 < sizes[12] < 18 and 45 < sizes[64] < 85, sizes
+    with pytest.raises(SystemExit) as exit_info:
+        run([tmp_path / "m.jsonl", tmp_path / "bad", "--bitrate", 500])
+    assert exit_info.value.code == 2 and not (tmp_path / "bad").exists()
+
+
 def test_duration_round_trips_through_opus(make_shard_dir):
     """The parquet duration equals both the source length and the decoded Opus length within 20 ms."""
     out = make_shard_dir(num_samples=6)
