@@ -1,21 +1,26 @@
 #!/usr/bin/env python3
 """Does pretraining pay? Finetune on a share of the labels from the pretrained checkpoint vs from scratch.
 
-    python bench/pretrain_gain.py [--data data/demo] [--labelled-share 0.15] [--finetune-epochs 100]
-        [--pretrain-epochs 30] [--speech-only] [--exp exp/bench_pretrain_gain] [--json]
+    python bench/pretrain_gain.py --corpus open [--labelled-share 0.15] [--pretrain-minutes 15]
+        [--finetune-minutes 12] [--speech-only] [--exp DIR] [--json]
+    python bench/pretrain_gain.py [--corpus demo] [--finetune-epochs 100] [--pretrain-epochs 30] ...
 
-On the demo corpus (made by the recipes' stage 0 when missing): the pretrain recipe (stages 0-3) sees
-all training speech without transcripts, the transcripts as unpaired text and the Pig Latin -> English
-pairs; then recipes/finetune/train.py (demo config) trains twice on the same seeded
-``--labelled-share`` of the labelled utterances, with the same tokenizer (the pretraining one) and the
-same budget (epochs, batch size, schedule): once from the pretrained checkpoint, once from scratch.
-Both are scored on the test split (held-out voice) with the config's beam search. Goal: the pretrained
-WER at least 15 % lower (relative) than from scratch.
+``--corpus open`` (the default config's corpus, ``make open-corpus``; its shards are made by the
+finetune recipe's stages 0-1 when missing): the pretrain recipe with ``hparams/small.yaml`` (BEST-RQ
+targets) sees all 1500 training utterances without transcripts and, unless ``--speech-only``, the
+corpus's ``lm_text.txt`` (Bible sentences, none of dev or test) as mono text; its tokenizer (characters
+and ``<mask>``) is built from the transcripts and that text. Then recipes/finetune/train.py (small.yaml)
+trains twice on the same seeded ``--labelled-share`` of the labelled utterances (225 of 1500 at 15 %: the
+unlabelled pool is 6.7x the labelled set), with that tokenizer and the same wall-clock budget: once from
+the pretrained checkpoint, once from scratch; both are tested on test_seen and test_unseen.
 
-Prints a table (WER, CER, relative WER gain vs scratch) and the commands run; with --json the last
-line is {"scratch": {...}, "pretrained": {...}, "relative_wer_gain": x}. About 35 min on 2 quiet CPU
-cores with the defaults (units ~2 min, pretraining ~11 min, each finetune ~9 min; add ~5 min when
-the demo corpus must first be synthesized); much longer on cores shared with other jobs.
+``--corpus demo``: the demo corpus and configs (k-means units; transcripts as text, Pig Latin pairs),
+budgets in epochs, its test split (a held-out voice).
+
+Goal: the pretrained WER at least 15 % lower (relative) than from scratch. Prints a table (WER, CER,
+relative WER gain vs scratch, per test split) and the commands run; with --json the last line is
+{"scratch": {...}, "pretrained": {...}, "relative_wer_gain": x}. On 2 quiet CPU cores: about 45 min
+with the open defaults (pretraining 15 min, each finetune 12 min plus its decoding), 35 min on the demo.
 """
 
 import argparse
@@ -31,22 +36,36 @@ import pyarrow.parquet as pq
 from common.evaluation import read_results
 
 REPO = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+CORPORA = {  # what each --corpus uses
+    "demo": {"data": "data/demo", "pretrain_config": "hparams/demo.yaml",
+             "finetune_config": "recipes/finetune/hparams/demo.yaml", "tests": ["test"]},
+    "open": {"data": "data/open", "pretrain_config": "hparams/small.yaml",
+             "finetune_config": "recipes/finetune/hparams/small.yaml", "tests": ["test_seen", "test_unseen"]},
+}
 
 
 def parse_args(argv=None):
     parser = argparse.ArgumentParser(description=__doc__.split("\n")[0],
                                      formatter_class=argparse.ArgumentDefaultsHelpFormatter)
-    parser.add_argument("--data", default="data/demo", help="the recipes' demo data folder")
+    parser.add_argument("--corpus", default="demo", choices=sorted(CORPORA), help="which built-in corpus")
     parser.add_argument("--labelled-share", type=float, default=0.15, help="share of labelled utterances")
     parser.add_argument("--finetune-epochs", type=int, default=100,
-                        help="epochs of each finetune (a 15 %% subset needs more epochs than the demo's 30)")
-    parser.add_argument("--pretrain-epochs", type=int, default=30, help="pretraining epochs")
+                        help="demo: epochs of each finetune (a 15 %% subset needs more than the demo's)")
+    parser.add_argument("--pretrain-epochs", type=int, default=30, help="demo: pretraining epochs")
+    parser.add_argument("--finetune-minutes", type=float, default=12.0, help="open: each finetune's budget")
+    parser.add_argument("--pretrain-minutes", type=float, default=15.0, help="open: pretraining's budget")
     parser.add_argument("--speech-only", action="store_true",
                         help="pretrain on speech alone (no text tasks); its runs are named *_speech")
-    parser.add_argument("--exp", default="exp/bench_pretrain_gain", help="folder of the three experiments")
+    parser.add_argument("--exp", help="folder of the experiments (default exp/bench_pretrain_gain[_open])")
     parser.add_argument("--seed", type=int, default=1234, help="picks the labelled subset")
+    parser.add_argument("--pretrain-overrides", default="", help="extra pretrain train.py overrides")
+    parser.add_argument("--finetune-overrides", default="",
+                        help="extra finetune train.py overrides for the pretrained model (e.g. --lr_peak=0.001)")
     parser.add_argument("--json", action="store_true", help="end with one JSON line of the figures")
-    return parser.parse_args(argv)
+    args = parser.parse_args(argv)
+    args.exp = args.exp or "exp/bench_pretrain_gain" + ("_open" if args.corpus == "open" else "")
+    args.data = CORPORA[args.corpus]["data"]
+    return args
 
 
 def run(command):
@@ -55,6 +74,36 @@ def run(command):
     began = time.perf_counter()
     subprocess.run(command, cwd=REPO, check=True)
     return time.perf_counter() - began
+
+
+def ensure_open_shards(data):
+    """The open corpus and its shards (finetune recipe stages 0-1), made when missing."""
+    if os.path.isfile(os.path.join(data, "shards", "test_unseen", "metadata_pool.parquet")):
+        return
+    corpus = os.path.join(data, "corpus")
+    if not os.path.isfile(os.path.join(corpus, "train.jsonl")):
+        run([sys.executable, "local/synth_corpus.py", corpus, "--profile", "open"])
+    run(["bash", "recipes/finetune/run.sh", "--data", data, "--stop_stage", "1", "--train", f"{corpus}/train.jsonl",
+         "--valid", f"{corpus}/dev.jsonl", "--test", f"{corpus}/test_seen.jsonl {corpus}/test_unseen.jsonl"])
+
+
+def prepare_and_pretrain(args, pretrain_exp):
+    """Data, tokenizer (and units) by the pretrain recipe, then pretraining; returns seconds of each."""
+    if args.corpus == "demo":
+        recipe = ["bash", "recipes/pretrain/run.sh", "--data", args.data]
+        budget = [f"--number_of_epochs={args.pretrain_epochs}"]
+    else:
+        ensure_open_shards(args.data)
+        recipe = ["bash", "recipes/pretrain/run.sh", "--data", args.data, "--train", f"{args.data}/shards/train",
+                  "--valid", f"{args.data}/shards/valid", "--text", f"{args.data}/corpus/lm_text.txt",
+                  "--token_type", "char", "--user_symbols", "<mask>", "--speech_targets", "bestrq",
+                  "--config", CORPORA["open"]["pretrain_config"]]
+        budget = [f"--train_minutes={args.pretrain_minutes}"]
+    speech_only = ["--text_parquets=[]", "--paired_parquets=[]"] if args.speech_only else []
+    seconds = {"prepare": run(recipe + ["--stop_stage", "2"])}
+    seconds["pretrain"] = run(recipe + ["--stage", "3", "--exp", pretrain_exp, "--", *budget, "--noprogressbar",
+                                        *speech_only, *args.pretrain_overrides.split()])
+    return seconds
 
 
 def labelled_subset(shard_dir, share, seed):
@@ -68,55 +117,61 @@ def labelled_subset(shard_dir, share, seed):
 
 
 def finetune(args, name, parquet, tokenizer, pretrained=None):
-    """One finetune + test run of the demo config; returns (its test figures, seconds)."""
-    shards = os.path.join(args.data, "shards")
+    """One finetune + test run; returns ({test split: figures}, seconds)."""
+    corpus, shards = CORPORA[args.corpus], os.path.join(args.data, "shards")
     output = os.path.join(args.exp, name)
-    command = [sys.executable, "recipes/finetune/train.py", "recipes/finetune/hparams/demo.yaml",
+    tests = ", ".join(f"{shards}/{split}/metadata_pool.parquet" for split in corpus["tests"])
+    budget = ([f"--number_of_epochs={args.finetune_epochs}"] if args.corpus == "demo"
+              else ["--number_of_epochs=1000", f"--train_minutes={args.finetune_minutes}"])
+    command = [sys.executable, "recipes/finetune/train.py", corpus["finetune_config"],
                f"--output_folder={output}", f"--tokenizer_file={tokenizer}", f"--train_parquet={parquet}",
-               f"--valid_parquet={shards}/valid/metadata_pool.parquet",
-               f"--test_parquets=[{shards}/test/metadata_pool.parquet]",
-               f"--number_of_epochs={args.finetune_epochs}", "--noprogressbar"]
+               f"--valid_parquet={shards}/valid/metadata_pool.parquet", f"--test_parquets=[{tests}]",
+               *budget, "--noprogressbar"]
     if pretrained:
-        command.append(f"--pretrained={pretrained}")
+        command += [f"--pretrained={pretrained}", *args.finetune_overrides.split()]
     seconds = run(command)
-    return read_results(os.path.join(output, "results.json"))["test"], seconds
+    results = read_results(os.path.join(output, "results.json"))
+    return {split: results[split] for split in corpus["tests"]}, seconds
+
+
+def relative_gain(scratch, pretrained):
+    """How much lower the pretrained WER is, relative to scratch (negative: worse)."""
+    return (scratch["wer"] - pretrained["wer"]) / max(scratch["wer"], 1e-9)
 
 
 def table(results, seconds):
-    """The results table: WER / CER of each run and the relative WER gain against scratch."""
-    scratch = results["scratch"]["wer"]
-    lines = [f"{'init':<12}{'WER %':>8}{'CER %':>8}{'WER vs scratch':>16}{'minutes':>9}"]
-    for name, figures in results.items():
-        gain = (scratch - figures["wer"]) / scratch if scratch else 0.0
-        lines.append(f"{name:<12}{figures['wer']:>8.2f}{figures['cer']:>8.2f}{-gain:>+15.1%} "
-                     f"{seconds[name] / 60:>8.1f}")
+    """The results table: WER / CER of each run per test split, and the WER change against scratch."""
+    lines = [f"{'init':<20}{'split':<13}{'WER %':>8}{'CER %':>8}{'WER vs scratch':>16}{'minutes':>9}"]
+    for name, splits in results.items():
+        for split, figures in splits.items():
+            change = -relative_gain(results["scratch"][split], figures)
+            lines.append(f"{name:<20}{split:<13}{figures['wer']:>8.2f}{figures['cer']:>8.2f}{change:>+15.1%} "
+                         f"{seconds[name] / 60:>8.1f}")
     return "\n".join(lines)
 
 
 def main(argv=None):
     args = parse_args(argv)
-    suffix = "_speech" if args.speech_only else ""
-    pretrain_exp = os.path.join(args.exp, "pretrain" + suffix)
-    speech_only = ["--text_parquets=[]", "--paired_parquets=[]"] if args.speech_only else []
-    seconds = {"prepare": run(["bash", "recipes/pretrain/run.sh", "--data", args.data, "--stop_stage", "2"])}
-    seconds["pretrain"] = run(["bash", "recipes/pretrain/run.sh", "--data", args.data, "--stage", "3",
-                               "--exp", pretrain_exp, "--", f"--number_of_epochs={args.pretrain_epochs}",
-                               "--noprogressbar", *speech_only])
+    name = "pretrained" + ("_speech" if args.speech_only else "")
+    pretrain_exp = os.path.join(args.exp, "pretrain" + ("_speech" if args.speech_only else ""))
+    seconds = prepare_and_pretrain(args, pretrain_exp)
     parquet, labelled, total = labelled_subset(os.path.join(args.data, "shards", "train"),
                                                args.labelled_share, args.seed)
     tokenizer = os.path.join(pretrain_exp, "tokenizer.model")
     results = {}
     results["scratch"], seconds["scratch"] = finetune(args, "scratch", parquet, tokenizer)
-    results["pretrained"], seconds["pretrained"] = finetune(args, "pretrained" + suffix, parquet, tokenizer,
-                                                            pretrained=pretrain_exp)
-    gain = (results["scratch"]["wer"] - results["pretrained"]["wer"]) / max(results["scratch"]["wer"], 1e-9)
-    print(f"\nfinetune on {labelled} of {total} labelled utterances ({args.labelled_share:.0%}), "
-          f"{args.finetune_epochs} epochs each; test split; pretraining {args.pretrain_epochs} epochs "
-          f"({seconds['pretrain'] / 60:.1f} min)")
+    results[name], seconds[name] = finetune(args, name, parquet, tokenizer, pretrained=pretrain_exp)
+    first = CORPORA[args.corpus]["tests"][0]
+    gain = relative_gain(results["scratch"][first], results[name][first])
+    budget = (f"{args.finetune_epochs} epochs each; pretraining {args.pretrain_epochs} epochs" if args.corpus == "demo"
+              else f"{args.finetune_minutes:g} min each; pretraining {args.pretrain_minutes:g} min")
+    print(f"\nfinetune on {labelled} of {total} labelled utterances ({args.labelled_share:.0%}), {budget} "
+          f"({seconds['pretrain'] / 60:.1f} min wall)")
     print(table(results, seconds))
-    print(f"relative WER gain of pretraining: {gain:.1%} (goal >= 15 %): {'met' if gain >= 0.15 else 'NOT met'}")
+    print(f"relative WER gain of pretraining on {first}: {gain:.1%} (goal >= 15 %): "
+          f"{'met' if gain >= 0.15 else 'NOT met'}")
     if args.json:
-        print(json.dumps({"scratch": results["scratch"], "pretrained": results["pretrained"],
+        print(json.dumps({"scratch": results["scratch"], "pretrained": results[name],
                           "relative_wer_gain": gain, "labelled": labelled, "seconds": seconds}))
 
 

@@ -24,7 +24,7 @@ text=""             # mono text for denoising (.txt/.jsonl or a make_text_shards
 text_options=""     # make_text_shards.py options for --text, e.g. "--lang en"
 pairs=""            # paired text for translation (.tsv/.jsonl or parquet)
 pairs_options=""    # make_text_shards.py options for --pairs, e.g. "--lang en --tgt-lang fr"
-vocab_size=300      # SentencePiece pieces (as the finetune recipe: finetuning reuses this tokenizer)
+vocab_size=300      # SentencePiece pieces (as the finetune recipe: finetuning reuses this tokenizer; not for char)
 token_type=bpe      # unigram | bpe | char
 user_symbols="<mask>"  # tokenizer symbols: <mask> for denoising, plus the language tags used
 speech_targets=kmeans  # kmeans (stage 2 makes units) | bestrq (random-projection codes: no stage 2)
@@ -76,7 +76,11 @@ if [ "$stage" -le 0 ] && [ "$stop_stage" -ge 0 ]; then
   fi
 fi
 
-tokenizer=$data/tokenizer_pretrain/${token_type}_${vocab_size}.model
+if [ "$token_type" = char ]; then  # every character of the text: the size is the text's
+  tokenizer=$data/tokenizer_pretrain/char.model; size_args=()
+else
+  tokenizer=$data/tokenizer_pretrain/${token_type}_${vocab_size}.model; size_args=(--vocab-size "$vocab_size")
+fi
 if [ "$stage" -le 1 ] && [ "$stop_stage" -ge 1 ]; then
   # every text the model will see: the speech's transcripts (none when untranscribed), mono text, both
   # sides of the pairs; their language names become tags
@@ -84,7 +88,7 @@ if [ "$stage" -le 1 ] && [ "$stop_stage" -ge 1 ]; then
   [ -z "$text" ] || sources+=("$(text_parquet mono "$text")")
   [ -z "$pairs" ] || sources+=("$(text_parquet pairs "$pairs")")
   log "Stage 1: tokenizer: ${sources[*]} (+ symbols $user_symbols) -> $tokenizer"
-  $python local/train_tokenizer.py "${sources[@]}" "$data/tokenizer_pretrain" --vocab-size "$vocab_size" \
+  $python local/train_tokenizer.py "${sources[@]}" "$data/tokenizer_pretrain" "${size_args[@]}" \
     --model-type "$token_type" --user-symbols "$user_symbols"
 fi
 
