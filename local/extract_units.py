@@ -12,8 +12,11 @@ centre. OUT_DIR receives ``kmeans.npy`` / ``kmeans.json`` (centres, hash, frame 
 model instead of fitting one (validation splits, new corpora).
 
 Resumable: each shard's units go to ``OUT_DIR/parts/{shard}.parquet`` (written under a temporary
-name, renamed when complete); a rerun keeps the parts made with the same k-means and the fitted model,
-removes the temporary files of a killed run and refuses a folder made with other options.
+name, renamed when complete); a rerun keeps the parts made with the same k-means from the same shard
+file (size and modification time, in ``parts/shards.json``) and the fitted model, removes the temporary
+files of a killed run and refuses a folder made with other options. Shards rebuilt since (an edited
+manifest) are labelled again, and a model fitted on other shards is fitted again: units never outlive
+the audio they describe.
 
 Later iterations use another feature extractor: ``--features package.module:factory`` with
 ``--feature-options '{"json": "kwargs"}'``; ``factory(**options)`` returns an object with
@@ -188,7 +191,10 @@ def prepare_kmeans(args, by_shard, extractor):
         if os.path.isfile(existing) and read_kmeans_info(args.out_dir)["hash"] != info["hash"]:
             raise ValueError(f"{args.out_dir} holds units of another k-means model: use a new folder")
         return centres, save_kmeans(args.out_dir, centres, extractor, fit_info_of(info))
-    if os.path.isfile(existing):
+    fitted_on = shards_digest(by_shard)
+    if os.path.isfile(existing) and read_kmeans_info(args.out_dir).get("fit_shards") not in (None, fitted_on):
+        logger.warning("%s: the shards changed since its k-means model was fitted: fitting it again", args.out_dir)
+    elif os.path.isfile(existing):
         centres, info = load_kmeans(args.out_dir)
         wanted = {"n_units": args.n_units, "features": extractor.describe(), "seed": args.seed,
                   "fit_fraction": args.fit_fraction}
@@ -199,7 +205,19 @@ def prepare_kmeans(args, by_shard, extractor):
         logger.info("reusing the k-means model in %s (%s)", args.out_dir, info["hash"][:12])
         return centres, info
     centres, fit_info = fit_kmeans(by_shard, extractor, args)
-    return centres, save_kmeans(args.out_dir, centres, extractor, fit_info)
+    return centres, save_kmeans(args.out_dir, centres, extractor, {**fit_info, "fit_shards": fitted_on})
+
+
+def shard_identity(path):
+    """What says a shard file is the one a part was made from: its size and modification time."""
+    status = os.stat(path)
+    return [status.st_size, status.st_mtime_ns]
+
+
+def shards_digest(by_shard):
+    """sha256 of the identities of every shard (sorted by name)."""
+    identities = {os.path.basename(path): shard_identity(path) for path in by_shard}
+    return hashlib.sha256(json.dumps(identities, sort_keys=True).encode()).hexdigest()
 
 
 def fit_info_of(info):
@@ -222,9 +240,10 @@ def label_shard(job):
     return len(rows), len(keys) - len(rows)
 
 
-def part_is_current(part, kmeans_hash_value):
-    """Whether a shard's part exists and was labelled by this k-means model."""
-    if not os.path.isfile(part):
+def part_is_current(part, kmeans_hash_value, identity=None, recorded=None):
+    """Whether a shard's part exists, was labelled by this k-means model and (given ``identity``) from
+    the shard file ``recorded`` describes."""
+    if not os.path.isfile(part) or (identity is not None and identity != recorded):
         return False
     hashes = set(pq.read_table(part, columns=["kmeans_hash"])["kmeans_hash"].to_pylist())
     return hashes <= {kmeans_hash_value}
@@ -234,11 +253,18 @@ def label_all(args, by_shard, centres, info):
     """Label every shard that has no current part; returns (samples labelled, samples skipped)."""
     os.makedirs(os.path.join(args.out_dir, PARTS), exist_ok=True)
     options = json.loads(args.feature_options)
+    identities_path = os.path.join(args.out_dir, PARTS, "shards.json")
+    recorded = json.load(open(identities_path)) if os.path.isfile(identities_path) else {}
+    identities = {os.path.basename(path): shard_identity(path) for path in by_shard}
     jobs = []
     for path, keys in by_shard.items():
-        part = os.path.join(args.out_dir, PARTS, os.path.basename(path) + ".parquet")
-        if not part_is_current(part, info["hash"]):
+        name = os.path.basename(path)
+        part = os.path.join(args.out_dir, PARTS, name + ".parquet")
+        if not part_is_current(part, info["hash"], identities[name], recorded.get(name)):
+            if os.path.isfile(part):
+                os.remove(part)  # of another shard file or model: gone before the new identities are recorded
             jobs.append((path, keys, part, args.features, options, centres, info))
+    atomic_write_text(identities_path, json.dumps(identities, sort_keys=True))
     logger.info("%d of %d shards to label (%d done before)", len(jobs), len(by_shard),
                 len(by_shard) - len(jobs))
     if args.jobs > 1 and len(jobs) > 1:

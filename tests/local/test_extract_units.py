@@ -56,15 +56,34 @@ def test_a_rerun_relabels_only_missing_shards_and_ends_identical(train_units, sp
     """Remove one shard's part: the rerun rewrites that part alone; units.parquet is unchanged."""
     out = tmp_path / "resume"
     extract(speech_shards["train"], out, "--seed", "1")
-    parts = sorted((out / "parts").iterdir())
+    parts = sorted((out / "parts").glob("*.parquet"))
     assert len(parts) > 1
     before = {p.name: p.stat().st_mtime_ns for p in parts}
     expected = pq.read_table(out / UNITS_PARQUET)
     os.remove(parts[0])
     extract(speech_shards["train"], out, "--seed", "1")
-    after = {p.name: p.stat().st_mtime_ns for p in sorted((out / "parts").iterdir())}
+    after = {p.name: p.stat().st_mtime_ns for p in sorted((out / "parts").glob("*.parquet"))}
     assert [n for n in before if before[n] != after[n]] == [parts[0].name]
     assert pq.read_table(out / UNITS_PARQUET).equals(expected)
+
+
+def test_a_rewritten_shard_is_labelled_again_and_the_model_refitted(speech_shards, tmp_path, caplog):
+    """A shard file written again (as make_shards --rebuild does) is not the one its part describes:
+    the rerun refits k-means (here on the same audio: the same model) and relabels that shard alone."""
+    import shutil
+
+    shards = tmp_path / "shards"
+    shutil.copytree(speech_shards["train"], shards)
+    out = tmp_path / "units"
+    extract(shards, out, "--seed", "1")
+    before = {p.name: p.stat().st_mtime_ns for p in (out / "parts").glob("*.parquet")}
+    rewritten = sorted(shards.glob("*.tar"))[1]
+    os.utime(rewritten, ns=(time.time_ns(), time.time_ns() + 10**9))
+    caplog.set_level("WARNING")
+    extract(shards, out, "--seed", "1")
+    assert "shards changed since its k-means model was fitted" in caplog.text
+    after = {p.name: p.stat().st_mtime_ns for p in (out / "parts").glob("*.parquet")}
+    assert [n for n in before if before[n] != after[n]] == [rewritten.name + ".parquet"]
 
 
 def test_applying_a_model_to_another_split_keeps_its_hash(train_units, speech_shards, tmp_path):
