@@ -6,8 +6,9 @@
 Everything comes from the loader a run would train with (its filters, its tokenizer, its epoch plan for
 this rank), so the figures are the run's: utterances and hours used and filtered out, duration and
 tokens-per-second distributions, the CTC alignment check against the encoder's frame rate, batches
-per epoch, padding, the largest batch. ``recipes/finetune/train.py --dry_run=True`` writes it and
-stops; ``local/data_report.py`` writes it for shard folders without a config.
+per epoch, padding, the largest batch and (with a model, ``add_memory_estimate``) the memory a training
+step on it takes. ``recipes/finetune/train.py --dry_run=True`` writes it and stops;
+``local/data_report.py`` writes it for shard folders without a config.
 """
 
 import logging
@@ -47,8 +48,25 @@ def speech_loader_report(loader, tokenizer, frames_per_second, epoch=1):
         "batches_per_epoch": len(batches), "mean_batch_size": float(np.mean([len(b) for b in batches])),
         "padding_percent": float(100 * (1 - audio / max(sum(padded), 1e-9))),
         "largest_batch_padded_s": float(max(padded)), "largest_batch_utterances": int(max(len(b) for b in batches)),
+        "largest_batch_shape": _largest_shape(batches, padded, metadata.durations),
+        "longest_target_tokens": int(max((len(t) for t in tokens), default=0)),
         "_durations": durations, "_tokens_per_second": rates, "_feasibility": feasibility,
     }
+
+
+def _largest_shape(batches, padded, durations):
+    """(utterances, padded length in s) of the batch with the most padded seconds."""
+    rows = batches[int(np.argmax(padded))]
+    return int(len(rows)), float(durations[rows].max())
+
+
+def add_memory_estimate(report, model):
+    """Add ``memory`` (``common.memory.training_memory`` of the largest batch) to ``report``."""
+    from common.memory import training_memory
+
+    utterances, seconds = report["largest_batch_shape"]
+    report["memory"] = training_memory(model, utterances * seconds, utterances, report["longest_target_tokens"])
+    return report
 
 
 def _quantiles(values):
@@ -75,6 +93,11 @@ def report_markdown(report, title="Data report"):
         ("largest batch", f"{report['largest_batch_padded_s']:.1f} padded s, "
                           f"{report['largest_batch_utterances']} utterances"),
     ]
+    if "memory" in report:
+        memory = report["memory"]
+        rows.append(("training memory of the largest batch (estimate, fp32)",
+                     f"{memory['total_gib']:.2f} GiB: activations {memory['activations_gib']:.2f} + weights, "
+                     f"gradients and Adam {memory['states_gib']:.2f}"))
     lines = [f"# {title}", "", "| figure | value |", "|---|---|"]
     lines += [f"| {name} | {value} |" for name, value in rows]
     lines += ["", "![durations](durations.png) ![tokens per second](tokens_per_second.png)", ""]
