@@ -78,7 +78,7 @@ def check_value_type(key, default, value):
 
 def check_keys(overrides, tree, where, parent=""):
     """Checks every key of ``overrides`` (nested mappings too, named ``parent[key]``) against the
-    yaml ``tree``."""
+    yaml ``tree``; the keys of an empty mapping of the tree are the user's."""
     for key, value in overrides.items():
         if key not in tree:
             raise ConfigError(
@@ -86,7 +86,8 @@ def check_keys(overrides, tree, where, parent=""):
             )
         default, name = tree[key], f"{parent}[{key}]" if parent else key
         if isinstance(value, dict) and isinstance(default, dict):
-            check_keys(value, default, f"{where}[{key}]", name)
+            if default:  # an empty mapping in the config is free-form (e.g. weights by corpus name)
+                check_keys(value, default, f"{where}[{key}]", name)
         else:
             check_value_type(name, default, value)
 

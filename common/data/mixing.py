@@ -56,10 +56,14 @@ class MixedLoader(BatchStream):
         Temperature: share ∝ (batches per epoch of the stream) ** alpha.
     seed : int
         Fixes the order of streams within each epoch (same on all ranks).
+    tag : str
+        The batch attribute that names its stream (``stream``; ``corpus`` for a mix of corpora nested
+        inside a mix of modalities, whose own tag would overwrite it).
     """
 
-    def __init__(self, streams, weights=None, alpha=None, seed=0):
+    def __init__(self, streams, weights=None, alpha=None, seed=0, tag="stream"):
         super().__init__()
+        self.tag = tag
         self.names = list(streams)
         self.streams = streams
         sizes = [streams[name].batches_in_epoch(streams[name].epoch) for name in self.names]
@@ -71,6 +75,10 @@ class MixedLoader(BatchStream):
 
     def batches_in_epoch(self, epoch):
         return self.total
+
+    def targets(self):
+        """``{stream name: target share}``."""
+        return dict(zip(self.names, self.probabilities.tolist()))
 
     def order(self, epoch):
         """Stream index of each batch of ``epoch``."""
@@ -91,12 +99,12 @@ class MixedLoader(BatchStream):
     def epoch_batches(self, epoch, start):
         for index in self.order(epoch)[start:]:
             batch = self.next_batch(self.names[index])
-            batch.stream = self.names[index]
+            setattr(batch, self.tag, self.names[index])
             yield batch
 
     def end_epoch(self, epoch):
         achieved = np.bincount(self.order(epoch), minlength=len(self.names)) / self.total
-        logger.info("epoch %d mix: %s", epoch, ", ".join(
+        logger.info("epoch %d mix of %ss: %s", epoch, self.tag, ", ".join(
             f"{n} {a:.3f} (target {p:.3f})" for n, a, p in zip(self.names, achieved, self.probabilities)))
 
     def state_dict(self):

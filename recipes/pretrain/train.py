@@ -94,26 +94,45 @@ class JointPretraining(RecipeBrain):
             losses = sequence_loss(out, *batch.tokens_eos, label_smoothing=self.hparams.label_smoothing)
         self.add_figures({f"{task}_{term}": losses[term] for term in LOGGED[task]})
         self.task_batches[task] += 1
+        if getattr(batch, "corpus", None) is not None:
+            self.corpus_batches[f"{task}_{batch.corpus}"] += 1
         return self.hparams.task_loss_weights[task] * losses["loss"]
 
     def stage_figures(self):
-        """Stage averages of each task's figures (over its batches), and its share of the batches."""
+        """Stage averages of each task's figures (over its batches), and the share of the batches of
+        each task and of each corpus within it (``speech_<corpus>_share``: beside ``mix_targets``)."""
         total = max(sum(self.task_batches.values()), 1)
-        return {**super().stage_figures(),
-                **{f"{task}_share": count / total for task, count in self.task_batches.items()}}
+        counts = {**self.task_batches, **self.corpus_batches}
+        return {**super().stage_figures(), **{f"{name}_share": count / total for name, count in counts.items()}}
 
     def on_stage_start(self, stage, epoch=None):
-        """Fresh task counts (the base class starts the loader's epoch and the figure sums)."""
+        """Fresh task and corpus counts (the base class starts the loader's epoch and the figure sums)."""
         super().on_stage_start(stage, epoch)
-        self.task_batches = defaultdict(int)
+        self.task_batches, self.corpus_batches = defaultdict(int), defaultdict(int)
 
     def batch_budgets(self):
         streams = self.train_loader.streams
-        budgets = {SPEECH: (streams[SPEECH].config.max_batch_seconds, "padded seconds")}
+        budgets = {SPEECH: (leaf_loaders(streams[SPEECH])[0].config.max_batch_seconds, "padded seconds")}
         text = streams.get(TEXT) or streams.get(PAIRED)
         if text is not None:
-            budgets["text"] = (text.config.max_batch_tokens, "padded tokens")
+            budgets["text"] = (leaf_loaders(text)[0].config.max_batch_tokens, "padded tokens")
         return budgets
+
+
+def leaf_loaders(stream):
+    """The speech or text loaders under ``stream`` (itself, or those a mix of corpora holds)."""
+    return [leaf for inner in stream.streams.values() for leaf in leaf_loaders(inner)] \
+        if isinstance(stream, MixedLoader) else [stream]
+
+
+def mix_targets(mix):
+    """``{task: share, task_corpus: share}`` the training mix aims at (corpus shares of the whole)."""
+    targets = {}
+    for task, share in mix.targets().items():
+        targets[task] = share
+        if isinstance(mix.streams[task], MixedLoader):
+            targets.update({f"{task}_{corpus}": share * inner for corpus, inner in mix.streams[task].targets().items()})
+    return targets
 
 
 def speech_loader(hparams, parquets, training, rank=0, world_size=1):
@@ -134,13 +153,43 @@ def text_loader(hparams, parquets, rank, world_size, paired):
                             seed=hparams["seed"], rank=rank, world_size=world_size, **columns)
 
 
+def corpus_name(parquet):
+    """A corpus's name: its shard folder's (speech) or its parquet file's stem (text)."""
+    path = os.path.abspath(parquet)
+    if os.path.basename(path).startswith("metadata_"):
+        return os.path.basename(os.path.dirname(path))
+    return os.path.splitext(os.path.basename(path))[0]
+
+
+def corpus_mix(hparams, parquets, make_loader):
+    """The corpora of one modality: one loader (``make_loader(parquets)``) of all of them, or, with
+    ``corpus_mixing_alpha`` or ``corpus_weights`` and several corpora, one per corpus mixed by them."""
+    alpha, weights = hparams["corpus_mixing_alpha"], hparams["corpus_weights"] or None
+    if len(parquets) < 2 or (alpha is None and weights is None):
+        return make_loader(parquets)
+    names = [corpus_name(parquet) for parquet in parquets]
+    if len(set(names)) < len(names):
+        raise ValueError(f"corpora need distinct names (shard folder or parquet stem) to be mixed: {names}")
+    if weights is not None:
+        missing = [name for name in names if name not in weights]
+        if missing:
+            raise ValueError(f"corpus_weights has no weight for {missing}: give one per corpus name of {names}")
+        weights = {name: weights[name] for name in names}
+    streams = {name: make_loader([parquet]) for name, parquet in zip(names, parquets)}
+    return MixedLoader(streams, weights=weights, alpha=None if weights else alpha, seed=hparams["seed"], tag="corpus")
+
+
 def training_mix(hparams, rank, world_size):
-    """The MixedLoader of the configured modalities (speech always; text and paired when given)."""
-    streams = {SPEECH: speech_loader(hparams, hparams["speech_parquets"], True, rank, world_size)}
+    """The MixedLoader of the configured modalities (speech always; text and paired when given), each
+    modality's corpora mixed as ``corpus_mix`` says."""
+    streams = {SPEECH: corpus_mix(hparams, hparams["speech_parquets"],
+                                  lambda parquets: speech_loader(hparams, parquets, True, rank, world_size))}
     if hparams["text_parquets"]:
-        streams[TEXT] = text_loader(hparams, hparams["text_parquets"], rank, world_size, paired=False)
+        streams[TEXT] = corpus_mix(hparams, hparams["text_parquets"],
+                                   lambda parquets: text_loader(hparams, parquets, rank, world_size, paired=False))
     if hparams["paired_parquets"]:
-        streams[PAIRED] = text_loader(hparams, hparams["paired_parquets"], rank, world_size, paired=True)
+        streams[PAIRED] = corpus_mix(hparams, hparams["paired_parquets"],
+                                     lambda parquets: text_loader(hparams, parquets, rank, world_size, paired=True))
     weights = hparams["mixing_weights"]
     if weights is not None:
         weights = {name: weights[name] for name in streams}
@@ -169,8 +218,11 @@ def main(argv):
         unit_dirs = hparams["units_dirs"] + ([hparams["valid_units_dir"]] if hparams["valid_units_dir"] else [])
         brain.units = read_units(unit_dirs, expected_hash=hparams["kmeans_hash"])
     brain.train_loader = training_mix(hparams, *rank_and_world_size())
+    logger.info("training mix targets: %s", ", ".join(
+        f"{name} {share:.3f}" for name, share in mix_targets(brain.train_loader).items()))
     if kmeans:
-        brain.units.check_covers(brain.train_loader.streams[SPEECH].used_keys(), hparams["speech_parquets"])
+        keys = set().union(*(loader.used_keys() for loader in leaf_loaders(brain.train_loader.streams[SPEECH])))
+        brain.units.check_covers(keys, hparams["speech_parquets"])
     hparams["checkpointer"].add_recoverable("train_loader", brain.train_loader)
     if hparams["valid_parquet"]:
         brain.valid_loader = speech_loader(hparams, hparams["valid_parquet"], False)

@@ -184,3 +184,23 @@ def test_bestrq_pretraining_reads_untranscribed_shards_without_a_units_stage(spe
     assert heads["unit_head.weight"].shape[0] == 32
     expected = BestRqTargets(72, 9, 32, 16, seed=1234).quantiser
     assert torch.equal(heads["bestrq.quantiser.CB"], expected.CB)
+
+
+def test_corpora_of_a_modality_are_mixed_to_their_targets_within_a_batch(pretrain_data, speech_shards, tmp_path,
+                                                                          capfd):
+    """Two speech corpora weighted 3:1 beside mono text: each epoch's logged share of each corpus is its
+    target (the modality's share times the corpus's) to within one batch of the epoch."""
+    d = pretrain_data
+    exp = tmp_path / "corpora"
+    train.main([os.path.join(CONFIGS, "demo.yaml"), f"--output_folder={exp}", f"--tokenizer_file={d['tokenizer']}",
+                f"--speech_parquets=[{speech_shards['train']}/metadata_pool.parquet, "
+                f"{speech_shards['dev']}/metadata_pool.parquet]", "--corpus_weights={train: 3, dev: 1}",
+                f"--units_dirs=[{d['units']}, {d['valid_units']}]", f"--text_parquets=[{d['mono']}]",
+                *TINY, "--number_of_epochs=1"])
+    targets = dict(re.findall(r"(\w+) ([.\d]+)", re.search(r"training mix targets: (.*)", "".join(capfd.readouterr())).group(1)))
+    assert float(targets["speech_train"]) == pytest.approx(3 * float(targets["speech_dev"]), abs=0.002)
+    log = open(exp / "train_log.txt").read()
+    steps = int(re.search(r"steps: (\d+)", log).group(1))
+    for name in ("speech", "text", "speech_train", "speech_dev"):
+        achieved = float(re.search(rf"train {name}_share: ([-+.\de]+)", log).group(1))
+        assert abs(achieved - float(targets[name])) <= 1.0 / steps + 1e-9, name
