@@ -197,7 +197,8 @@ def test_corpora_of_a_modality_are_mixed_to_their_targets_within_a_batch(pretrai
                 f"{speech_shards['dev']}/metadata_pool.parquet]", "--corpus_weights={train: 3, dev: 1}",
                 f"--units_dirs=[{d['units']}, {d['valid_units']}]", f"--text_parquets=[{d['mono']}]",
                 *TINY, "--number_of_epochs=1"])
-    targets = dict(re.findall(r"(\w+) ([.\d]+)", re.search(r"training mix targets: (.*)", "".join(capfd.readouterr())).group(1)))
+    logged = re.search(r"training mix targets: (.*)", "".join(capfd.readouterr())).group(1)
+    targets = dict(re.findall(r"(\w+) ([.\d]+)", logged))
     assert float(targets["speech_train"]) == pytest.approx(3 * float(targets["speech_dev"]), abs=0.002)
     log = open(exp / "train_log.txt").read()
     steps = int(re.search(r"steps: (\d+)", log).group(1))
