@@ -15,10 +15,12 @@ character of the text is a piece, so the size follows from the text; a --vocab-s
 checked). Ids are fixed so the recipes can rely on them (common/tokens.py): 0 = <blank> (padding
 and the CTC blank), 1 = <s>, 2 = </s>, 3 = <unk>, then the --user-symbols (language tags, <mask>,
 ...), then the learned pieces. Training is deterministic: the same texts and
-options give the same model (one thread, no sampling of the input).
+options give the same model (one thread, no sampling of the input), so a rerun whose texts and options
+are unchanged keeps the model (``{name}.inputs.sha256`` records them) and any change retrains it.
 """
 
 import argparse
+import hashlib
 import json
 import logging
 import os
@@ -29,7 +31,7 @@ import numpy as np
 import pyarrow.parquet as pq
 import sentencepiece as spm
 
-from common.atomic import atomic_path
+from common.atomic import atomic_path, atomic_write_text
 from common.shard_format import CORE_PARQUET, POOL_PARQUET, read_metadata
 from common.tokens import SENTENCEPIECE_IDS
 
@@ -148,6 +150,10 @@ def train_tokenizer(texts, out_dir, vocab_size=None, model_type="unigram", user_
         vocab_size = char_vocab_size(texts, user_symbols)
     _check_vocab_size(texts, vocab_size, model_type, user_symbols)
     prefix = os.path.join(out_dir, tokenizer_name(model_type, vocab_size))
+    inputs = inputs_digest(texts, vocab_size, model_type, user_symbols, character_coverage)
+    if is_up_to_date(prefix, inputs):
+        logger.info("%s.model is up to date (same texts and options): kept", prefix)
+        return prefix + ".model"
     with tempfile.TemporaryDirectory(dir=out_dir) as work:
         corpus = os.path.join(work, "texts.txt")
         with open(corpus, "w", encoding="utf-8") as handle:
@@ -165,7 +171,26 @@ def train_tokenizer(texts, out_dir, vocab_size=None, model_type="unigram", user_
         for extension in ("model", "vocab"):
             with atomic_path(f"{prefix}.{extension}") as temporary:
                 os.replace(os.path.join(work, f"sp.{extension}"), temporary)
+    atomic_write_text(prefix + INPUTS_SUFFIX, inputs)  # last: its presence vouches for the model beside it
     return prefix + ".model"
+
+
+INPUTS_SUFFIX = ".inputs.sha256"
+
+
+def inputs_digest(texts, vocab_size, model_type, user_symbols, character_coverage):
+    """sha256 of everything the model is trained from (texts in order, options)."""
+    digest = hashlib.sha256(json.dumps([vocab_size, model_type, list(user_symbols), character_coverage]).encode())
+    for text in texts:
+        digest.update(text.encode("utf-8") + b"\n")
+    return digest.hexdigest()
+
+
+def is_up_to_date(prefix, inputs):
+    """Whether ``prefix``.model exists and was trained from ``inputs`` (the recorded digest)."""
+    recorded = prefix + INPUTS_SUFFIX
+    return (os.path.isfile(prefix + ".model") and os.path.isfile(recorded)
+            and open(recorded, encoding="utf-8").read().strip() == inputs)
 
 
 def _check_vocab_size(texts, vocab_size, model_type, user_symbols):

@@ -1,5 +1,7 @@
 """local/train_tokenizer.py: fixed special ids, determinism, clear errors for impossible sizes."""
 
+import os
+
 import pytest
 import sentencepiece as spm
 
@@ -89,3 +91,15 @@ def test_a_weight_scales_a_source_share_deterministically():
     assert parse_source("shards/train") == ("shards/train", 1.0)
     assert len(weighted(texts, 2.0)) == 20 and len(weighted(texts, 0.5)) == 5
     assert weighted(texts, 1.3) == weighted(texts, 1.3) and len(weighted(texts, 1.3)) == 13
+
+
+def test_a_rerun_keeps_an_up_to_date_model_and_retrains_on_changed_text(tmp_path):
+    """Same texts and options: the model file is not rewritten; one changed text: it is, and differs."""
+    model = train_tokenizer(TEXTS, tmp_path, None, "char")
+    first = os.stat(model).st_mtime_ns
+    assert train_tokenizer(TEXTS, tmp_path, None, "char") == model and os.stat(model).st_mtime_ns == first
+    changed = TEXTS[:-1] + [TEXTS[-1] + " q"]
+    train_tokenizer(changed, tmp_path, None, "char")
+    assert os.stat(model).st_mtime_ns != first
+    processor = spm.SentencePieceProcessor(model_file=model)
+    assert "q" in [processor.id_to_piece(i) for i in range(processor.vocab_size())]
