@@ -18,7 +18,9 @@ files of a killed run and refuses a folder made with other options. Shards rebui
 manifest) are labelled again, and a model fitted on other shards is fitted again: units never outlive
 the audio they describe.
 
-Later iterations use another feature extractor: ``--features package.module:factory`` with
+Later iterations cluster a trained encoder's states: ``--features EXP_DIR:LAYER`` (the output of encoder
+layer LAYER of a pretraining or finetuning experiment, at its frame rate; common/models/encoder_features.py).
+Any other extractor: ``--features package.module:factory`` with
 ``--feature-options '{"json": "kwargs"}'``; ``factory(**options)`` returns an object with
 ``frame_rate_hz``, ``describe()`` (a JSON-able dict, part of the hash) and
 ``__call__(waveform [samples] float32 at 16 kHz) -> np.ndarray [frames, dims]`` (for instance the
@@ -73,10 +75,17 @@ class MfccFeatures:
 
 
 def load_feature_extractor(spec, options=None):
-    """``mfcc`` or ``package.module:factory`` (called with ``options``) -> a feature extractor."""
+    """``mfcc``, ``EXP_DIR:LAYER`` (an encoder layer of a trained experiment) or
+    ``package.module:factory`` (called with ``options``) -> a feature extractor."""
     options = options or {}
     if spec == "mfcc":
         return MfccFeatures(**options)
+    module_name, _, factory = spec.rpartition(":") if ":" in spec else (spec, "", "")
+    if os.path.isdir(module_name):
+        if not factory.isdigit():
+            raise ValueError(f"--features {spec!r}: after an experiment folder comes its encoder layer number")
+        from common.models.encoder_features import EncoderLayerFeatures
+        return EncoderLayerFeatures(module_name, int(factory))
     module_name, _, factory = spec.partition(":")
     if not factory:
         raise ValueError(f"--features {spec!r} is neither 'mfcc' nor 'package.module:factory'")
@@ -98,7 +107,8 @@ def parse_args(argv=None):
                         help="feature frames kept for the fit at most (a seeded subsample beyond)")
     parser.add_argument("--seed", type=int, default=1, help="fixes the fit sample and k-means")
     parser.add_argument("--kmeans", help="kmeans.json of an existing units folder: apply its model")
-    parser.add_argument("--features", default="mfcc", help="'mfcc' or 'package.module:factory'")
+    parser.add_argument("--features", default="mfcc", help="'mfcc', 'EXP_DIR:LAYER' (encoder layer of a trained "
+                        "experiment: HuBERT iteration 2) or 'package.module:factory'")
     parser.add_argument("--feature-options", default="{}", help="JSON keyword arguments of the factory")
     parser.add_argument("--jobs", type=int, default=1, help="processes labelling shards")
     return parser.parse_args(argv)

@@ -9,6 +9,7 @@ import shutil
 import subprocess
 import sys
 
+import pyarrow.parquet as pq
 import pytest
 import torch
 
@@ -205,3 +206,24 @@ def test_corpora_of_a_modality_are_mixed_to_their_targets_within_a_batch(pretrai
     for name in ("speech", "text", "speech_train", "speech_dev"):
         achieved = float(re.search(rf"train {name}_share: ([-+.\de]+)", log).group(1))
         assert abs(achieved - float(targets[name])) <= 1.0 / steps + 1e-9, name
+
+
+def test_a_second_iteration_clusters_an_encoder_layer_of_the_pretrained_model(pretrained, speech_shards, tmp_path):
+    """extract_units.py --features EXP:1: one unit per encoder frame of that model (its frame rate), the
+    hash names the checkpoint's weights; a layer the encoder lacks is a usage error."""
+    from common.data.units import read_units
+
+    out = tmp_path / "units_it2"
+    extract_units.main([str(speech_shards["dev"]), str(out), "--features", f"{pretrained}:1", "--n-units", "6",
+                        "--fit-fraction", "1.0", "--min-fit-utterances", "4", "--jobs", "1"])
+    units = read_units(str(out))
+    info = json.load(open(out / "kmeans.json"))
+    assert info["features"]["name"] == "encoder_layer" and info["features"]["layer"] == 1
+    assert units.frame_rate_hz == pytest.approx(100 / 9, rel=0.01)  # the demo's 90 ms encoder frames
+    durations = dict(zip(*pq.read_table(speech_shards["dev"] / "metadata_pool.parquet",
+                                        columns=["sample_key", "duration"]).to_pydict().values()))
+    for key, sample_units in units.units_by_key.items():
+        assert abs(len(sample_units) - durations[key] * units.frame_rate_hz) <= 2
+    with pytest.raises(SystemExit) as exit_info:
+        extract_units.main([str(speech_shards["dev"]), str(tmp_path / "bad"), "--features", f"{pretrained}:9"])
+    assert exit_info.value.code == 2
