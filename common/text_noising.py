@@ -14,9 +14,6 @@ A ``random_ratio`` share of the masks becomes a random token instead. Spans are 
 import math
 
 import numpy as np
-import torch
-
-from common.tokens import BLANK
 
 
 def poisson_span_lengths(num_to_mask, poisson_lambda, rng):
@@ -142,20 +139,6 @@ class TextNoiser:
         order = np.arange(len(sentences))
         order[chosen] = rng.permutation(chosen)
         return np.concatenate([sentences[i] for i in order])
-
-
-def noise_batch(noiser, tokens, rel_lens, rng, pad_id=BLANK):
-    """Noise each sequence of a padded batch; returns (padded LongTensor, relative lengths).
-
-    ``tokens`` [batch, length] padded with ``pad_id``; ``rel_lens`` relative lengths [batch].
-    """
-    lengths = torch.round(rel_lens * tokens.shape[1]).long().tolist()
-    noised = [noiser(row[:n].cpu().numpy(), rng) for row, n in zip(tokens, lengths)]
-    longest = max(1, max(len(seq) for seq in noised))
-    out = torch.full((len(noised), longest), pad_id, dtype=torch.long)
-    for i, seq in enumerate(noised):
-        out[i, : len(seq)] = torch.from_numpy(seq)
-    return out.to(tokens.device), torch.tensor([len(s) / longest for s in noised], device=tokens.device)
 
 
 def ordinary_piece_ids(processor):

@@ -13,6 +13,7 @@ import os
 from collections import Counter
 
 import numpy as np
+import torch
 from torch.utils.data import DataLoader, IterableDataset, get_worker_info
 
 from common.data.audio import BadDataCounts, choose_speeds, decode_member, speed_perturb, wanted_members
@@ -32,9 +33,10 @@ class ShardStreamDataset(IterableDataset):
     Set ``slots`` (the rank's ``SlotPlan`` list), ``speeds`` and ``consumed`` before iterating.
     """
 
-    def __init__(self, metadata, tokenizer, features=None, prefix_ids=(), cache_audio=False):
+    def __init__(self, metadata, tokenizer, features=None, prefix_ids=(), cache_audio=False, units=None):
         self.metadata = metadata
         self.tokenizer = tokenizer
+        self.units = units
         self.features = features
         self.prefix_ids = list(prefix_ids)
         self.cache = {} if cache_audio else None  # row -> decoded waveform, kept across epochs
@@ -84,7 +86,10 @@ class ShardStreamDataset(IterableDataset):
         text = self.metadata.texts[row]
         waveform = speed_perturb(waveform, float(self.speeds[row]))
         tokens = None if self.tokenizer is None else self.prefix_ids + self.tokenizer.encode(text)
-        return speech_sample(self.metadata.keys[row], waveform, text, tokens)
+        sample = speech_sample(self.metadata.keys[row], waveform, text, tokens)
+        if self.units is not None:
+            sample["units"] = torch.from_numpy(self.units.units_by_key[sample["id"]].astype(np.int64))
+        return sample
 
 
 class WaveformStream:
@@ -217,7 +222,7 @@ class SpeechLoader(BatchStream):
 
 
 def make_speech_loader(parquets, tokenizer, config, seed=0, rank=0, world_size=1, fbank=None, text_field="text",
-                       prefix_tokens=None, share="shards", require_text=True):
+                       prefix_tokens=None, share="shards", require_text=True, units=None):
     """Build the speech loader of one rank.
 
     Arguments
@@ -247,6 +252,9 @@ def make_speech_loader(parquets, tokenizer, config, seed=0, rank=0, world_size=1
         True (finetuning): samples without the text are left out, and untranscribed shards
         (``make_shards.py --unlabelled``) are refused with a ValueError naming the folder. False
         (pretraining, which does not read the text): every sample is used; batches carry no tokens.
+    units : common.data.units.UnitTable, optional
+        Discrete units per sample (``local/extract_units.py``): batches carry them as ``units`` (padded;
+        ``batch.units.lengths`` relative). Every sample the loader uses must have them (checked here).
 
     Returns
     -------
@@ -281,8 +289,10 @@ def make_speech_loader(parquets, tokenizer, config, seed=0, rank=0, world_size=1
             f"({used.max() / shortest_speed:.2f} s after speed perturbation): raise it or lower max_duration"
         )
     features = fbank if config.fbank_in_loader else None
+    if units is not None:
+        units.check_covers(metadata.keys[metadata.shard_of_row >= 0].tolist(), parquets)
     dataset = ShardStreamDataset(metadata, tokenizer if require_text else None, features, prefix_ids,
-                                 config.cache_audio)
+                                 config.cache_audio, units)
     if share not in ("shards", "batches"):
         raise ValueError(f"share={share!r}: use 'shards' (training) or 'batches' (evaluation)")
     return SpeechLoader(metadata, dataset, config, seed, rank, world_size, share)

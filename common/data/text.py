@@ -49,8 +49,9 @@ def tag_tokens(tokenizer, texts, langs):
 class TextLoader(BatchStream):
     """Batches of mono or paired text for one rank; see ``make_text_loader``."""
 
-    def __init__(self, keys, texts, src_tokens, tgt_tokens, config, seed, rank, world_size):
+    def __init__(self, keys, texts, src_tokens, tgt_tokens, config, seed, rank, world_size, noiser=None):
         super().__init__()
+        self.noiser = noiser
         self.keys, self.texts, self.src_tokens, self.tgt_tokens = keys, texts, src_tokens, tgt_tokens
         self.lengths = np.array([len(s) + len(t) for s, t in zip(src_tokens, tgt_tokens)], dtype=np.float64)
         self.config, self.seed, self.rank, self.world_size = config, seed, rank, world_size
@@ -76,14 +77,18 @@ class TextLoader(BatchStream):
         return len(self.plan(epoch))
 
     def epoch_batches(self, epoch, start):
-        for rows in self.plan(epoch)[start:]:
-            yield self.collate(rows)
+        for position, rows in enumerate(self.plan(epoch)[start:], start):
+            yield self.collate(rows, np.random.default_rng([self.seed, epoch, position, 4]))
 
-    def collate(self, rows):
-        """PaddedBatch of the given rows."""
+    def collate(self, rows, rng=None):
+        """PaddedBatch of the given rows; with a ``noiser``, each source noised with ``rng`` (drawn from
+        seed, epoch and batch position: a resumed epoch noises its batches as the first run did)."""
+        def source(row):
+            tokens = np.asarray(self.src_tokens[row], dtype=np.int64)
+            return tokens if self.noiser is None else self.noiser(tokens, rng)
+
         samples = [
-            {"id": self.keys[r], "text": self.texts[r],
-             "src_tokens": torch.as_tensor(self.src_tokens[r], dtype=torch.long),
+            {"id": self.keys[r], "text": self.texts[r], "src_tokens": torch.as_tensor(source(r), dtype=torch.long),
              **token_fields(self.tgt_tokens[r])}
             for r in rows
         ]
@@ -91,7 +96,7 @@ class TextLoader(BatchStream):
 
 
 def make_text_loader(parquets, tokenizer, config, seed=0, rank=0, world_size=1, text_column="text",
-                     target_column=None, lang_column=None, target_lang_column=None):
+                     target_column=None, lang_column=None, target_lang_column=None, noiser=None):
     """Build a mono-text (``target_column=None``) or paired-text loader of one rank.
 
     Arguments
@@ -106,6 +111,9 @@ def make_text_loader(parquets, tokenizer, config, seed=0, rank=0, world_size=1, 
         Source text column; target column for paired text (e.g. ``translation``).
     lang_column, target_lang_column : str, optional
         Language columns whose values become tags ``<lang>`` before the tokens.
+    noiser : callable, optional
+        ``noiser(token ids array, rng) -> noised ids`` (``common.text_noising.TextNoiser``) applied to
+        each source in the collate: BART denoising inputs come ready from the loader.
 
     Example
     -------
@@ -125,4 +133,4 @@ def make_text_loader(parquets, tokenizer, config, seed=0, rank=0, world_size=1, 
     lengths = np.array([len(src[i]) + len(tgt[i]) for i in keep], dtype=np.float64)
     check_budget(lengths, config.max_batch_tokens, unit="tokens")
     return TextLoader(pick(columns["sample_key"]), pick(target_texts), pick(src), pick(tgt), config, seed, rank,
-                      world_size)
+                      world_size, noiser)

@@ -27,6 +27,7 @@ from collections import defaultdict
 
 import numpy as np
 import speechbrain as sb
+import torch
 
 from common.brain import RecipeBrain, rank_and_world_size
 from common.data import (
@@ -42,7 +43,7 @@ from common.data.units import read_units, units_at_frames
 from common.masking import mask_spans
 from common.objectives import masked_unit_loss, sequence_loss
 from common.recipe import prepare_experiment
-from common.text_noising import TextNoiser, noise_batch, ordinary_piece_ids
+from common.text_noising import TextNoiser, ordinary_piece_ids
 
 logger = logging.getLogger(__name__)
 
@@ -54,14 +55,15 @@ LOGGED = {SPEECH: ("masked_loss", "masked_accuracy", "unmasked_accuracy"), TEXT:
 class JointPretraining(RecipeBrain):
     """One task per batch (``batch.stream``; evaluation batches are speech).
 
-    Set ``units`` (``UnitTable`` of every speech split), ``noiser`` (``TextNoiser``), for training
-    ``train_loader`` and, when validating, ``valid_loader`` before ``fit``.
+    Set ``units`` (``UnitTable`` of every speech split, k-means targets: its frame rate), for training
+    ``train_loader`` and, when validating, ``valid_loader`` before ``fit``. Speech batches carry their
+    units (``batch.units``), mono text batches come noised from their loader.
     """
 
-    units, noiser, valid_loader = None, None, None
+    units, valid_loader = None, None
 
     def rng(self, stage):
-        """Masking / noising randomness of this step: a function of (seed, epoch, step, stage)."""
+        """Masking randomness of this step: a function of (seed, epoch, step, stage)."""
         return np.random.default_rng([self.hparams.seed, self.hparams.epoch_counter.current, self.step,
                                       int(stage == sb.Stage.TRAIN)])
 
@@ -74,9 +76,7 @@ class JointPretraining(RecipeBrain):
             hp = self.hparams
             mask = lambda lengths, frames: mask_spans(lengths, frames, hp.mask_prob, hp.mask_span_frames, rng)  # noqa: E731,E501
             return task, self.modules.pretrain(SPEECH, wavs, wav_lens, mask, epoch=hp.epoch_counter.current)
-        src, src_lens = batch.src_tokens
-        if task == TEXT:
-            src, src_lens = noise_batch(self.noiser, src, src_lens, rng)
+        src, src_lens = batch.src_tokens  # mono text comes noised from its loader
         return task, self.modules.pretrain(task, src, src_lens, batch.tokens_bos.data)
 
     def compute_objectives(self, predictions, batch, stage):
@@ -84,8 +84,9 @@ class JointPretraining(RecipeBrain):
         task, out = predictions
         if task == SPEECH:
             targets = out.targets
-            if targets is None:  # k-means units, looked up by key and brought to the encoder frame rate
-                units, lengths = self.units.batch(batch.id)
+            if targets is None:  # k-means units, a field of the speech batch, brought to the encoder frame rate
+                units, rel_lens = batch.units
+                lengths = torch.round(rel_lens * units.shape[1]).long()
                 targets = units_at_frames(units, lengths, out.unit_logits.shape[1],
                                           self.hparams.encoder_frame_rate_hz, self.units.frame_rate_hz)
             losses = masked_unit_loss(out.unit_logits, targets.to(self.device), out.frame_mask,
@@ -135,22 +136,25 @@ def mix_targets(mix):
     return targets
 
 
-def speech_loader(hparams, parquets, training, rank=0, world_size=1):
-    """Speech batches (texts unused: untranscribed shards welcome): this rank's share as the
-    ``speech_loader`` block says, or every utterance as the ``eval_loader`` block says."""
+def speech_loader(hparams, parquets, training, rank=0, world_size=1, units=None):
+    """Speech batches (texts unused: untranscribed shards welcome; ``units``, a UnitTable, as a batch
+    field): this rank's share as the ``speech_loader`` block says, or every utterance as the
+    ``eval_loader`` block says."""
     block = "speech_loader" if training else "eval_loader"
     config = SpeechLoaderConfig.from_config(hparams[block], block)
     return make_speech_loader(parquets, hparams["tokenizer_file"], config,
                               seed=hparams["seed"], rank=rank, world_size=world_size,
-                              fbank=hparams["graph"]["compute_features"], require_text=False)
+                              fbank=hparams["graph"]["compute_features"], require_text=False, units=units)
 
 
 def text_loader(hparams, parquets, rank, world_size, paired):
-    """Mono (``paired=False``) or paired text batches of this rank, as the ``text_loader`` block says."""
+    """Mono (``paired=False``, sources BART-noised in the loader) or paired text batches of this rank,
+    as the ``text_loader`` block says."""
     columns = hparams["paired_columns"] if paired else hparams["text_columns"]
-    return make_text_loader(parquets, hparams["tokenizer_file"],
-                            TextLoaderConfig.from_config(hparams["text_loader"], "text_loader"),
-                            seed=hparams["seed"], rank=rank, world_size=world_size, **columns)
+    tokenizer = Tokenizer(hparams["tokenizer_file"])
+    return make_text_loader(parquets, tokenizer, TextLoaderConfig.from_config(hparams["text_loader"], "text_loader"),
+                            seed=hparams["seed"], rank=rank, world_size=world_size,
+                            noiser=None if paired else make_noiser(hparams, tokenizer), **columns)
 
 
 def corpus_name(parquet):
@@ -179,11 +183,11 @@ def corpus_mix(hparams, parquets, make_loader):
     return MixedLoader(streams, weights=weights, alpha=None if weights else alpha, seed=hparams["seed"], tag="corpus")
 
 
-def training_mix(hparams, rank, world_size):
-    """The MixedLoader of the configured modalities (speech always; text and paired when given), each
-    modality's corpora mixed as ``corpus_mix`` says."""
+def training_mix(hparams, rank, world_size, units=None):
+    """The MixedLoader of the configured modalities (speech always, with its ``units`` when the targets
+    are k-means units; text and paired when given), each modality's corpora mixed as ``corpus_mix`` says."""
     streams = {SPEECH: corpus_mix(hparams, hparams["speech_parquets"],
-                                  lambda parquets: speech_loader(hparams, parquets, True, rank, world_size))}
+                                  lambda parquets: speech_loader(hparams, parquets, True, rank, world_size, units))}
     if hparams["text_parquets"]:
         streams[TEXT] = corpus_mix(hparams, hparams["text_parquets"],
                                    lambda parquets: text_loader(hparams, parquets, rank, world_size, paired=False))
@@ -212,23 +216,16 @@ def main(argv):
     shutil.copy(hparams["tokenizer_file"], os.path.join(hparams["output_folder"], "tokenizer.model"))
     brain = JointPretraining(modules={"pretrain": hparams["pretrain_model"]}, opt_class=hparams["optimizer"],
                              hparams=hparams, run_opts=run_opts, checkpointer=hparams["checkpointer"])
-    brain.noiser = make_noiser(hparams, Tokenizer(hparams["tokenizer_file"]))
-    kmeans = hparams["speech_targets"] == "kmeans"
-    if kmeans:
+    if hparams["speech_targets"] == "kmeans":
         unit_dirs = hparams["units_dirs"] + ([hparams["valid_units_dir"]] if hparams["valid_units_dir"] else [])
         brain.units = read_units(unit_dirs, expected_hash=hparams["kmeans_hash"])
-    brain.train_loader = training_mix(hparams, *rank_and_world_size())
+    brain.train_loader = training_mix(hparams, *rank_and_world_size(), units=brain.units)
     logger.info("training mix targets: %s", ", ".join(
         f"{name} {share:.3f}" for name, share in mix_targets(brain.train_loader).items()))
-    if kmeans:
-        keys = set().union(*(loader.used_keys() for loader in leaf_loaders(brain.train_loader.streams[SPEECH])))
-        brain.units.check_covers(keys, hparams["speech_parquets"])
     hparams["checkpointer"].add_recoverable("train_loader", brain.train_loader)
     if hparams["valid_parquet"]:
-        brain.valid_loader = speech_loader(hparams, hparams["valid_parquet"], False)
+        brain.valid_loader = speech_loader(hparams, hparams["valid_parquet"], False, units=brain.units)
         brain.valid_loader.name = "valid"  # labels its end-of-pass log line
-        if kmeans:
-            brain.units.check_covers(brain.valid_loader.used_keys(), hparams["valid_parquet"])
     brain.fit(hparams["epoch_counter"], brain.train_loader, brain.valid_loader)
 
 

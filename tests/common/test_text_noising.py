@@ -4,10 +4,9 @@ import math
 
 import numpy as np
 import pytest
-import torch
 from scipy.stats import poisson
 
-from common.text_noising import TextNoiser, noise_batch, poisson_span_lengths
+from common.text_noising import TextNoiser, poisson_span_lengths
 
 MASK = 4
 RANDOM_IDS = np.arange(100, 200)
@@ -82,17 +81,6 @@ def test_sentence_permutation_keeps_every_sentence_whole():
         np.concatenate(sentences), np.random.default_rng(6))
     pieces = np.split(out, np.flatnonzero(out == 9) + 1)[:-1]
     assert sorted(map(list, pieces)) == sorted(sentences)
-
-
-def test_noise_batch_repads_and_is_seeded():
-    """A padded batch comes back padded with 0 and relative lengths of the noised rows; seeded."""
-    tokens = torch.tensor([[5, 6, 7, 8, 9, 10], [5, 6, 7, 0, 0, 0]])
-    lens = torch.tensor([1.0, 0.5])
-    first = noise_batch(noiser(mask_ratio=0.4), tokens, lens, np.random.default_rng(7))
-    again = noise_batch(noiser(mask_ratio=0.4), tokens, lens, np.random.default_rng(7))
-    assert torch.equal(first[0], again[0])
-    lengths = torch.round(first[1] * first[0].shape[1]).long()
-    assert all((row[n:] == 0).all() and (row[:n] != 0).all() for row, n in zip(first[0], lengths))
 
 
 @pytest.mark.parametrize("bad", [{"replace_length": 2}, {"mask_ratio": 1.0}])

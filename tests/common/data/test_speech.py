@@ -178,3 +178,25 @@ def test_members_read_ahead_are_held_encoded_and_decoded_when_asked(tone_shards,
     waveform = stream.get(last)
     assert waveform.dtype == torch.float32 and last not in stream.encoded
     assert abs(len(waveform) / 16000 - loader.metadata.durations[last]) <= 0.02
+
+
+def test_units_are_a_batch_field_and_a_sample_without_units_is_named(tone_shards, tokenizer_model):
+    """With a UnitTable, each batch carries every sample's units (padded, with their lengths); a table
+    that lacks some used sample is refused before any batch."""
+    import numpy as np
+    import pytest
+
+    from common.data.units import UnitTable
+
+    keys = read_speech_metadata(tone_shards).keys.tolist()
+    units = {key: np.arange(3 + index % 5, dtype=np.int16) for index, key in enumerate(keys)}
+    table = UnitTable(units, n_units=8, frame_rate_hz=50.0, kmeans_hash="h")
+    loader = make_speech_loader(tone_shards, tokenizer_model, SpeechLoaderConfig(10.0), units=table)
+    for batch in loader:
+        padded, rel_lens = batch.units
+        for row, key, rel in zip(padded, batch.id, rel_lens):
+            length = int(round(float(rel) * padded.shape[1]))
+            assert row[:length].tolist() == units[key].tolist()
+    del units[keys[0]]
+    with pytest.raises(ValueError, match="have no units"):
+        make_speech_loader(tone_shards, tokenizer_model, SpeechLoaderConfig(10.0), units=table)

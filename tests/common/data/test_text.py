@@ -39,3 +39,22 @@ def test_mono_text_ranks_get_equal_batches_and_disjoint_keys(pairs_parquet, toke
                for r in (0, 1)]
     keys = [{k for batch in loader for k in batch.id} for loader in loaders]
     assert len(loaders[0]) == len(loaders[1]) and not keys[0] & keys[1]
+
+
+def test_a_noiser_noises_sources_in_the_collate_from_seed_epoch_and_position(pairs_parquet, tokenizer_model):
+    """With a noiser, each mono batch's sources hold <mask> (id 4 here) where spans were masked while the
+    targets stay clean; the same (seed, epoch, position) noises the same way, a resumed epoch included."""
+    from common.text_noising import TextNoiser
+
+    def loader():
+        noiser = TextNoiser(mask_id=4, random_ids=range(5, 20), mask_ratio=0.4, poisson_lambda=2.0)
+        return make_text_loader(pairs_parquet, tokenizer_model, TextLoaderConfig(80), seed=3, noiser=noiser)
+
+    first = list(loader())
+    assert any((batch.src_tokens.data == 4).any() for batch in first)
+    assert all(not (batch.tokens.data == 4).any() for batch in first)
+    again = list(loader())
+    assert all(a.src_tokens.data.equal(b.src_tokens.data) for a, b in zip(first, again))
+    resumed = loader()
+    resumed.load_state_dict({"epoch": 0, "position": 2})
+    assert [batch.src_tokens.data.tolist() for batch in resumed] == [b.src_tokens.data.tolist() for b in first[2:]]
