@@ -1,13 +1,15 @@
 """How much memory a training step will take, measured on the model before training starts.
 
-Activations: one forward pass of a single utterance of the largest batch's padded length (and its
-longest target) with ``torch.autograd.graph.saved_tensors_hooks`` counting every tensor saved for the
-backward pass (each storage once, parameters excluded), times the batch's utterance count: activation
-memory grows linearly with the batch at a fixed padded length. The pass runs in eval mode (no
-normalisation statistics updated, no dropout masks), so dropout's masks are not counted; the figure is
-for fp32 (bf16 autocast roughly halves it). Weights, gradients and Adam's two moments add 16 bytes per
-trainable parameter.
+Activations: one training-mode forward pass of a single utterance of the largest batch's padded
+length (and its longest target) with ``torch.autograd.graph.saved_tensors_hooks`` counting every tensor
+saved for the backward pass (each storage once, parameters excluded), times the batch's utterance count:
+activation memory grows linearly with the batch at a fixed padded length. The pass runs on a copy of
+the model with the random state restored after it, so neither the model's statistics nor the run's
+randomness change; the figure is for fp32 (bf16 autocast roughly halves it). Weights, gradients and
+Adam's two moments add 16 bytes per trainable parameter.
 """
+
+import copy
 
 import torch
 
@@ -16,8 +18,9 @@ SAMPLE_RATE = 16000
 
 def saved_activation_bytes(model, seconds, target_tokens):
     """Bytes saved for backward by ``model``'s teacher-forced pass of one utterance of ``seconds``
-    with ``target_tokens`` tokens (``model(wavs, wav_lens, tokens_bos)``)."""
-    parameters = {p.untyped_storage().data_ptr() for p in model.parameters()}
+    with ``target_tokens`` tokens (``model(wavs, wav_lens, tokens_bos)``), measured on a copy."""
+    replica = copy.deepcopy(model).train()  # dropout masks and statistics updates happen on the copy
+    parameters = {p.untyped_storage().data_ptr() for p in replica.parameters()}
     seen, total = set(), 0
 
     def pack(tensor):
@@ -31,13 +34,9 @@ def saved_activation_bytes(model, seconds, target_tokens):
     generator = torch.Generator().manual_seed(0)
     wavs = 0.05 * torch.randn(1, max(1, int(seconds * SAMPLE_RATE)), generator=generator)
     tokens_bos = torch.ones(1, max(1, int(target_tokens)) + 1, dtype=torch.long)
-    was_training = model.training
-    model.eval()
-    try:
-        with torch.enable_grad(), torch.autograd.graph.saved_tensors_hooks(pack, lambda tensor: tensor):
-            model(wavs, torch.ones(1), tokens_bos)
-    finally:
-        model.train(was_training)
+    with torch.random.fork_rng(devices=[]), torch.enable_grad(), \
+            torch.autograd.graph.saved_tensors_hooks(pack, lambda tensor: tensor):
+        replica(wavs, torch.ones(1), tokens_bos)
     return total
 
 

@@ -50,6 +50,23 @@ class ASR(RecipeBrain):
     def higher_is_better(self):
         return self.hparams.best_checkpoint_key == "BLEU"
 
+    def on_fit_batch_start(self, batch, should_step):
+        """The schedule's step (base class), and the encoder frozen for the first
+        ``freeze_encoder_steps`` updates."""
+        super().on_fit_batch_start(batch, should_step)
+        self.freeze_encoder(self.optimizer_step < self.hparams.freeze_encoder_steps)
+
+    def freeze_encoder(self, frozen):
+        """Stop (or resume) training the encoder: its parameters get no gradients while ``frozen``."""
+        if getattr(self, "encoder_frozen", False) == frozen:
+            return
+        model = self.hparams.model
+        for module in (model.frontend, model.transformer.custom_src_module, model.transformer.encoder):
+            for parameter in module.parameters():
+                parameter.requires_grad = not frozen
+        self.encoder_frozen = frozen
+        logger.info("encoder %s at update %d", "frozen" if frozen else "trained", self.optimizer_step)
+
     def compute_forward(self, batch, stage):
         """Teacher-forced pass of both heads; returns (``EncoderDecoderOutput``, wav lengths)."""
         batch = batch.to(self.device)
@@ -232,6 +249,9 @@ def build_brain(argv, brain_class=ASR):
 def main(argv):
     brain, hparams = build_brain(argv)
     check_checkpoint_key(hparams["best_checkpoint_key"])
+    if hparams["freeze_encoder_steps"] and rank_and_world_size()[1] > 1:
+        raise ValueError("freeze_encoder_steps needs one process: DDP expects every parameter's gradient "
+                         "in every update; set it to 0 under torchrun")
     if hparams["do_train"] and hparams["pretrained"]:
         init_from_pretrained(hparams)
     if hparams["do_train"]:

@@ -40,3 +40,16 @@ def test_the_estimate_is_of_the_order_of_the_real_autograd_graph():
     parameters = {p.untyped_storage().data_ptr() for p in model.parameters()}
     real = sum(size for pointer, size in storages.items() if pointer not in parameters)
     assert out.ctc_log_probs.requires_grad and 0.5 * real <= counted <= 2 * real
+
+
+def test_a_model_before_its_first_update_is_measured_without_touching_its_state_or_the_random_stream():
+    """Global feature statistics not yet fitted (a run's start) are no obstacle, stay unfitted, and the
+    torch random stream continues as if nothing had been measured (training stays reproducible)."""
+    model = load_graph(normalize_type="global")["model"]
+    before = {k: v.clone() for k, v in model.state_dict().items()}
+    torch.manual_seed(5)
+    expected = torch.rand(3)
+    torch.manual_seed(5)
+    assert training_memory(model, 2.0, 2, 8)["activations_gib"] > 0
+    assert torch.equal(torch.rand(3), expected)
+    assert all(torch.equal(before[k], v) for k, v in model.state_dict().items())

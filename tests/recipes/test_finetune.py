@@ -133,7 +133,7 @@ def test_run_sh_rejects_unknown_options_and_runs_only_the_chosen_stages(speech_s
     result = run_sh("--stage", "1", "--stop_stage", "1", "--data", str(tmp_path / "data"),
                     "--exp", str(tmp_path / "exp"), *data_options(speech_shards))
     assert re.findall(r"Stage \d", result.stderr) == ["Stage 1"]
-    assert sorted(os.listdir(tmp_path / "data" / "tokenizer")) == ["char.model", "char.vocab"]
+    assert sorted(os.listdir(tmp_path / "data" / "tokenizer")) == ["char.inputs.sha256", "char.model", "char.vocab"]
     assert not (tmp_path / "exp").exists()
 
 
@@ -145,3 +145,24 @@ def test_a_dry_run_writes_the_data_report_and_trains_nothing(speech_shards, toke
     assert (exp / "data_report" / "report.md").is_file() and (exp / "data_report" / "durations.png").is_file()
     assert not (exp / "save").exists() or not any((exp / "save").iterdir())
     assert not (exp / "train_log.txt").exists() or "epoch:" not in (exp / "train_log.txt").read_text()
+
+
+def test_a_frozen_encoder_keeps_its_weights_while_the_heads_and_decoder_learn(speech_shards, tokenizer_file,
+                                                                               tmp_path):
+    """freeze_encoder_steps beyond the run: every front-end and encoder weight equals its initial
+    value after an epoch of updates, while the decoder's and the CTC head's have moved."""
+    import glob
+
+    import torch
+
+    argv = train_argv(speech_shards, tokenizer_file, tmp_path / "exp", "--number_of_epochs=1", "--do_test=False",
+                      "--freeze_encoder_steps=1000")
+    train.main(argv)
+    trained = torch.load(sorted(glob.glob(str(tmp_path / "exp" / "save" / "CKPT+*" / "model.ckpt")))[-1])
+    _, hparams = train.build_brain(train_argv(speech_shards, tokenizer_file, tmp_path / "fresh"))
+    initial = hparams["model"].state_dict()
+    encoder = [name for name in initial if name.startswith(("frontend.", "transformer.encoder.",
+                                                             "transformer.custom_src_module."))]
+    assert encoder and all(torch.equal(initial[name], trained[name]) for name in encoder)
+    for head in ("ctc_lin.w.weight", "seq_lin.w.weight"):
+        assert not torch.equal(initial[head], trained[head]), head
