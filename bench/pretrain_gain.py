@@ -144,8 +144,8 @@ def table(results, seconds):
     lines = [f"{'init':<20}{'split':<13}{'WER %':>8}{'CER %':>8}{'WER vs scratch':>16}{'minutes':>9}"]
     for name, splits in results.items():
         for split, figures in splits.items():
-            change = -relative_gain(results["scratch"][split], figures)
-            lines.append(f"{name:<20}{split:<13}{figures['wer']:>8.2f}{figures['cer']:>8.2f}{change:>+15.1%} "
+            change = "—" if name == "scratch" else f"{-relative_gain(results['scratch'][split], figures):+.1%}"
+            lines.append(f"{name:<20}{split:<13}{figures['wer']:>8.2f}{figures['cer']:>8.2f}{change:>16} "
                          f"{seconds[name] / 60:>8.1f}")
     return "\n".join(lines)
 
