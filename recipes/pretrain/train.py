@@ -29,6 +29,7 @@ import numpy as np
 import speechbrain as sb
 import torch
 
+from common.atomic import atomic_write_text
 from common.brain import RecipeBrain, rank_and_world_size
 from common.data import (
     MixedLoader,
@@ -40,6 +41,7 @@ from common.data import (
     speech_input,
 )
 from common.data.units import read_units, units_at_frames
+from common.data_report import REPORT_FILE
 from common.masking import mask_spans
 from common.objectives import masked_unit_loss, sequence_loss
 from common.recipe import prepare_experiment
@@ -157,6 +159,29 @@ def text_loader(hparams, parquets, rank, world_size, paired):
                             noiser=None if paired else make_noiser(hparams, tokenizer), **columns)
 
 
+def mix_report(mix, epoch=1):
+    """Markdown: each task's and corpus's batches per epoch (natural) and its planned share of the mix."""
+    targets = mix_targets(mix)
+    rows = []
+    for task, stream in mix.streams.items():
+        inner = stream.streams if isinstance(stream, MixedLoader) else {}
+        rows.append((task, stream.batches_in_epoch(epoch), targets[task]))
+        rows += [(f"{task}_{corpus}", loader.batches_in_epoch(epoch), targets[f"{task}_{corpus}"])
+                 for corpus, loader in inner.items()]
+    lines = ["# Pretraining mix", "", f"{mix.total} batches per mixed epoch (this rank).", "",
+             "| stream | batches per own epoch | planned share of the mix |", "|---|---|---|"]
+    lines += [f"| {name} | {batches} | {share:.3f} |" for name, batches, share in rows]
+    return "\n".join(lines) + "\n"
+
+
+def write_mix_report(mix, hparams):
+    """``data_report/report.md`` of the experiment: the planned mix (main process)."""
+    if sb.utils.distributed.if_main_process():
+        folder = os.path.join(hparams["output_folder"], "data_report")
+        os.makedirs(folder, exist_ok=True)
+        atomic_write_text(os.path.join(folder, REPORT_FILE), mix_report(mix))
+
+
 def corpus_name(parquet):
     """A corpus's name: its shard folder's (speech) or its parquet file's stem (text)."""
     path = os.path.abspath(parquet)
@@ -222,6 +247,10 @@ def main(argv):
     brain.train_loader = training_mix(hparams, *rank_and_world_size(), units=brain.units)
     logger.info("training mix targets: %s", ", ".join(
         f"{name} {share:.3f}" for name, share in mix_targets(brain.train_loader).items()))
+    write_mix_report(brain.train_loader, hparams)
+    if hparams["dry_run"]:
+        logger.info("dry run: the planned mix is written; nothing was trained")
+        return
     hparams["checkpointer"].add_recoverable("train_loader", brain.train_loader)
     if hparams["valid_parquet"]:
         brain.valid_loader = speech_loader(hparams, hparams["valid_parquet"], False, units=brain.units)

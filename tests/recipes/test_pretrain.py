@@ -206,6 +206,18 @@ def test_corpora_of_a_modality_are_mixed_to_their_targets_within_a_batch(pretrai
     for name in ("speech", "text", "speech_train", "speech_dev"):
         achieved = float(re.search(rf"train {name}_share: ([-+.\de]+)", log).group(1))
         assert abs(achieved - float(targets[name])) <= 1.0 / steps + 1e-9, name
+    report = (exp / "data_report" / "report.md").read_text()
+    for name in ("speech", "speech_train", "speech_dev", "text"):
+        assert re.search(rf"\| {name} \| \d+ \| {targets[name]} \|", report), name
+
+
+def test_a_dry_run_writes_the_planned_mix_and_trains_nothing(pretrain_data, speech_shards, tmp_path):
+    d, exp = pretrain_data, tmp_path / "dry"
+    train.main([os.path.join(CONFIGS, "demo.yaml"), f"--output_folder={exp}", f"--tokenizer_file={d['tokenizer']}",
+                f"--speech_parquets=[{speech_shards['train']}/metadata_pool.parquet]", f"--units_dirs=[{d['units']}]",
+                f"--text_parquets=[{d['mono']}]", *TINY, "--dry_run=True"])
+    assert "| speech |" in (exp / "data_report" / "report.md").read_text()
+    assert not glob.glob(str(exp / "save" / "CKPT+*")) and not (exp / "train_log.txt").exists()
 
 
 def test_a_second_iteration_clusters_an_encoder_layer_of_the_pretrained_model(pretrained, speech_shards, tmp_path):
