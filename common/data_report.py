@@ -47,25 +47,26 @@ def speech_loader_report(loader, tokenizer, frames_per_second, epoch=1):
         "rank": loader.rank, "world_size": loader.world_size, "budget_s": loader.config.max_batch_seconds,
         "batches_per_epoch": len(batches), "mean_batch_size": float(np.mean([len(b) for b in batches])),
         "padding_percent": float(100 * (1 - audio / max(sum(padded), 1e-9))),
-        "largest_batch_padded_s": float(max(padded)), "largest_batch_utterances": int(max(len(b) for b in batches)),
-        "largest_batch_shape": _largest_shape(batches, padded, metadata.durations),
+        **_largest_batch(batches, padded, metadata.durations),
+        "most_utterances_per_batch": int(max(len(b) for b in batches)),
         "longest_target_tokens": int(max((len(t) for t in tokens), default=0)),
         "_durations": durations, "_tokens_per_second": rates, "_feasibility": feasibility,
     }
 
 
-def _largest_shape(batches, padded, durations):
-    """(utterances, padded length in s) of the batch with the most padded seconds."""
-    rows = batches[int(np.argmax(padded))]
-    return int(len(rows)), float(durations[rows].max())
+def _largest_batch(batches, padded, durations):
+    """Padded seconds, utterances and padded length (s) of the batch with the most padded seconds."""
+    largest = int(np.argmax(padded))
+    return {"largest_batch_padded_s": float(padded[largest]), "largest_batch_utterances": len(batches[largest]),
+            "largest_batch_longest_s": float(durations[batches[largest]].max())}
 
 
 def add_memory_estimate(report, model):
     """Add ``memory`` (``common.memory.training_memory`` of the largest batch) to ``report``."""
     from common.memory import training_memory
 
-    utterances, seconds = report["largest_batch_shape"]
-    report["memory"] = training_memory(model, utterances * seconds, utterances, report["longest_target_tokens"])
+    report["memory"] = training_memory(model, report["largest_batch_padded_s"], report["largest_batch_utterances"],
+                                       report["longest_target_tokens"])
     return report
 
 
@@ -90,8 +91,9 @@ def report_markdown(report, title="Data report"):
         ("budget (padded seconds) / mean utterances per batch", f"{report['budget_s']:g} / "
                                                                  f"{report['mean_batch_size']:.1f}"),
         ("padding", f"{report['padding_percent']:.1f} %"),
-        ("largest batch", f"{report['largest_batch_padded_s']:.1f} padded s, "
-                          f"{report['largest_batch_utterances']} utterances"),
+        ("largest batch", f"{report['largest_batch_padded_s']:.1f} padded s: {report['largest_batch_utterances']} "
+                          f"utterances of up to {report['largest_batch_longest_s']:.1f} s"),
+        ("most utterances in a batch", str(report["most_utterances_per_batch"])),
     ]
     if "memory" in report:
         memory = report["memory"]

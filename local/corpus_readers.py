@@ -49,6 +49,7 @@ class Entry:
     start_s: float | None = None
     end_s: float | None = None
     pipe: bool = False  # ``audio`` is a shell command writing the audio to stdout (Kaldi wav.scp)
+    audio_sha256: str | None = None  # the content's hash where the path does not name it (parquet bytes)
 
     def source(self):
         """The audio this sample came from, as stored in its json (segment bounds appended)."""
@@ -228,9 +229,13 @@ def read_hf_parquet(path, text_required, fields, extract_dir):
     fields = dataclasses.replace(fields, audio=audio, text=text or "", key=keys + (hf_parquet.EXTRACTED_KEY,),
                                  speaker=speaker or "")
     entries, rejects = [], []
-    for origin, base, record in hf_parquet.iter_records(files, audio, keys, extract_dir):
+    for origin, base, record, digest in hf_parquet.iter_records(files, audio, keys, extract_dir):
         result = _entry_from_record(record, base, origin, fields, text_required)
-        (entries if isinstance(result, Entry) else rejects).append(result)
+        if isinstance(result, Entry):
+            result.audio_sha256 = digest
+            entries.append(result)
+        else:
+            rejects.append(result)
     return entries, rejects
 
 

@@ -193,7 +193,7 @@ def load_kmeans(units_dir):
     return centres, info
 
 
-def prepare_kmeans(args, by_shard, extractor):
+def prepare_kmeans(args, by_shard, extractor, identities):
     """Fit (or reuse, or copy from --kmeans) the k-means model of OUT_DIR; returns (centres, info)."""
     existing = os.path.join(args.out_dir, KMEANS_JSON)
     if args.kmeans:
@@ -201,7 +201,7 @@ def prepare_kmeans(args, by_shard, extractor):
         if os.path.isfile(existing) and read_kmeans_info(args.out_dir)["hash"] != info["hash"]:
             raise ValueError(f"{args.out_dir} holds units of another k-means model: use a new folder")
         return centres, save_kmeans(args.out_dir, centres, extractor, fit_info_of(info))
-    fitted_on = shards_digest(by_shard)
+    fitted_on = hashlib.sha256(json.dumps(identities, sort_keys=True).encode()).hexdigest()
     if os.path.isfile(existing) and read_kmeans_info(args.out_dir).get("fit_shards") not in (None, fitted_on):
         logger.warning("%s: the shards changed since its k-means model was fitted: fitting it again", args.out_dir)
     elif os.path.isfile(existing):
@@ -218,16 +218,10 @@ def prepare_kmeans(args, by_shard, extractor):
     return centres, save_kmeans(args.out_dir, centres, extractor, {**fit_info, "fit_shards": fitted_on})
 
 
-def shard_identity(path):
-    """What says a shard file is the one a part was made from: its size and modification time."""
-    status = os.stat(path)
-    return [status.st_size, status.st_mtime_ns]
-
-
-def shards_digest(by_shard):
-    """sha256 of the identities of every shard (sorted by name)."""
-    identities = {os.path.basename(path): shard_identity(path) for path in by_shard}
-    return hashlib.sha256(json.dumps(identities, sort_keys=True).encode()).hexdigest()
+def shard_identities(by_shard):
+    """``{shard name: [size, mtime_ns]}``: what says a shard file is the one its part was made from."""
+    stats = {os.path.basename(path): os.stat(path) for path in by_shard}
+    return {name: [stat.st_size, stat.st_mtime_ns] for name, stat in stats.items()}
 
 
 def fit_info_of(info):
@@ -250,22 +244,21 @@ def label_shard(job):
     return len(rows), len(keys) - len(rows)
 
 
-def part_is_current(part, kmeans_hash_value, identity=None, recorded=None):
-    """Whether a shard's part exists, was labelled by this k-means model and (given ``identity``) from
-    the shard file ``recorded`` describes."""
-    if not os.path.isfile(part) or (identity is not None and identity != recorded):
+def part_is_current(part, kmeans_hash_value, identity, recorded):
+    """Whether a shard's part exists, was labelled by this k-means model and from the shard file
+    ``recorded`` describes (``identity``: the shard file now)."""
+    if not os.path.isfile(part) or identity != recorded:
         return False
     hashes = set(pq.read_table(part, columns=["kmeans_hash"])["kmeans_hash"].to_pylist())
     return hashes <= {kmeans_hash_value}
 
 
-def label_all(args, by_shard, centres, info):
+def label_all(args, by_shard, centres, info, identities):
     """Label every shard that has no current part; returns (samples labelled, samples skipped)."""
     os.makedirs(os.path.join(args.out_dir, PARTS), exist_ok=True)
     options = json.loads(args.feature_options)
     identities_path = os.path.join(args.out_dir, PARTS, "shards.json")
     recorded = json.load(open(identities_path)) if os.path.isfile(identities_path) else {}
-    identities = {os.path.basename(path): shard_identity(path) for path in by_shard}
     jobs = []
     for path, keys in by_shard.items():
         name = os.path.basename(path)
@@ -303,11 +296,12 @@ def main(argv=None):
         os.makedirs(args.out_dir, exist_ok=True)
         for folder in (args.out_dir, os.path.join(args.out_dir, PARTS)):
             remove_temporaries(folder)
-        centres, info = prepare_kmeans(args, by_shard, extractor)
+        identities = shard_identities(by_shard)
+        centres, info = prepare_kmeans(args, by_shard, extractor, identities)
     except (FileNotFoundError, ValueError) as error:
         print(f"error: {error}", file=sys.stderr)
         sys.exit(2)
-    labelled, skipped = label_all(args, by_shard, centres, info)
+    labelled, skipped = label_all(args, by_shard, centres, info, identities)
     rows = merge_parts(args.out_dir, by_shard)
     logger.info("%s -> %s: %d samples with units (%d labelled now, %d undecodable), k-means %s, %.0f Hz",
                 args.shard_dir, args.out_dir, rows, labelled, skipped, info["hash"][:12],

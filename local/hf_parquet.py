@@ -2,7 +2,8 @@
 
 Each row holds its audio in a column (``audio`` by default) that is a struct of ``bytes`` and ``path``.
 The bytes are written to ``extract_dir``, named by the sample key, atomically; a rerun rewrites only
-the files whose bytes changed, and make_shards' input fingerprint hashes their content. A row without
+the files whose bytes changed, and their sha256 (``Entry.audio_sha256``) is part of make_shards' input
+fingerprint. A row without
 bytes uses its ``path`` as it is (resolved against the parquet's folder). The transcript column is
 ``--text-field`` or the first of :data:`TEXT_COLUMNS` present; keys come from the key columns, else
 the audio path's stem, else ``{parquet stem}_{row}``. Other scalar columns are carried into the
@@ -11,6 +12,7 @@ memory whole.
 """
 
 import glob
+import hashlib
 import os
 
 import pyarrow.parquet as pq
@@ -50,40 +52,41 @@ def column_names(path, fields):
 
 
 def iter_records(files, audio, keys, extract_dir):
-    """``(origin, base folder, record)`` per row, the record's audio column replaced by a file path
-    (None when the row has neither bytes nor a path), non-scalar columns dropped, and for extracted
-    bytes the key the file was named by in :data:`EXTRACTED_KEY`."""
+    """``(origin, base folder, record, audio sha256)`` per row, the record's audio column replaced by a
+    file path (None when the row has neither bytes nor a path), non-scalar columns dropped; for
+    extracted bytes the key the file was named by in :data:`EXTRACTED_KEY` and their sha256 (else None)."""
     os.makedirs(extract_dir, exist_ok=True)
     for file in files:
         stem, base = os.path.splitext(os.path.basename(file))[0], os.path.dirname(os.path.abspath(file))
         row = 0
         for batch in pq.ParquetFile(file).iter_batches(batch_size=BATCH_ROWS):
             for record in batch.to_pylist():
-                path = audio_file(record.get(audio), record, keys, base, extract_dir, f"{stem}_{row:08d}")
+                path, digest = audio_file(record.get(audio), record, keys, base, extract_dir, f"{stem}_{row:08d}")
                 record = {k: v for k, v in record.items() if isinstance(v, (str, int, float, bool))}
                 record[audio] = path
-                if path and os.path.dirname(path) == extract_dir:  # the key its file was named by
+                if digest:  # the key its file was named by
                     record[EXTRACTED_KEY] = os.path.splitext(os.path.basename(path))[0]
-                yield f"{os.path.basename(file)}:row {row}", base, record
+                yield f"{os.path.basename(file)}:row {row}", base, record, digest
                 row += 1
 
 
 def audio_file(value, record, keys, base, extract_dir, default_name):
-    """A path to the row's audio: its bytes written to ``extract_dir``, or its own path; None if neither."""
+    """``(path, sha256)`` of the row's audio: its bytes written to ``extract_dir`` (with their sha256),
+    or its own path (sha256 None); path None if neither."""
     if isinstance(value, str):
-        return value if os.path.isabs(value) else os.path.join(base, value)
+        return (value if os.path.isabs(value) else os.path.join(base, value)), None
     if not isinstance(value, dict):
-        return None
+        return None, None
     source = value.get("path") or ""
     if not value.get("bytes"):
-        return (source if os.path.isabs(source) else os.path.join(base, source)) if source else None
+        return ((source if os.path.isabs(source) else os.path.join(base, source)) if source else None), None
     key = next((str(record[k]) for k in keys if record.get(k) not in (None, "")), None)
     name = (key or os.path.splitext(os.path.basename(source))[0] or default_name).replace("/", "_")
     target = os.path.join(extract_dir, name + (os.path.splitext(source)[1] or ".audio"))
     if not same_bytes(target, value["bytes"]):  # a rerun rewrites only what the dataset changed
         with atomic_path(target) as temporary, open(temporary, "wb") as handle:
             handle.write(value["bytes"])
-    return target
+    return target, hashlib.sha256(value["bytes"]).hexdigest()
 
 
 def same_bytes(path, data):

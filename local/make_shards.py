@@ -175,12 +175,11 @@ def sidecar_path(out_dir, shard_name):
 
 def input_fingerprint(entries, args):
     """A hash of everything that decides the shards' content, to refuse mixing two inputs in one folder."""
-    digest, extracted = hashlib.sha256(), os.path.join(args.out_dir, PARTS, "audio")
+    digest = hashlib.sha256()
     for entry in entries:
-        digest.update(json.dumps([entry.key, entry.audio, entry.text, entry.start_s, entry.end_s,
-                                  entry.fields], sort_keys=True).encode())
-        if os.path.dirname(entry.audio) == extracted:  # a parquet's audio: same path, maybe new bytes
-            digest.update(hashlib.sha256(read_bytes(entry.audio)).digest())
+        described = [entry.key, entry.audio, entry.text, entry.start_s, entry.end_s, entry.fields]
+        described += [entry.audio_sha256] if entry.audio_sha256 else []  # a parquet's bytes: same path, new audio
+        digest.update(json.dumps(described, sort_keys=True).encode())
     digest.update(json.dumps([args.prefix, args.shard_size, args.max_duration]
                              + (["unlabelled"] if args.unlabelled else [])
                              + ([args.bitrate] if args.bitrate is not None else [])).encode())

@@ -32,7 +32,7 @@ import pyarrow.parquet as pq
 import sentencepiece as spm
 
 from common.atomic import atomic_path, atomic_write_text
-from common.shard_format import CORE_PARQUET, POOL_PARQUET, read_metadata
+from common.shard_format import CORE_PARQUET, POOL_PARQUET, is_unlabelled, read_metadata
 from common.tokens import SENTENCEPIECE_IDS
 
 logger = logging.getLogger("train_tokenizer")
@@ -116,12 +116,11 @@ def read_sources(specs, metadata="pool", text_field="text"):
         if path.endswith(".parquet") and os.path.isfile(path):
             source_texts, source_tags = read_text_parquet(path)
             tags |= source_tags
+        elif is_unlabelled(os.path.join(path, POOL_PARQUET)):
+            logger.info("%s is untranscribed speech (--unlabelled): it adds no text", path)
+            continue
         else:
-            try:
-                source_texts = read_texts([path], metadata, text_field)
-            except ValueError:
-                logger.info("%s has no '%s' text (untranscribed speech): it adds no text", path, text_field)
-                continue
+            source_texts = read_texts([path], metadata, text_field)
         logger.info("%s: %d texts, weight %g", path, len(source_texts), weight)
         texts += weighted(source_texts, weight)
     if not texts:

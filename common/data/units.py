@@ -78,19 +78,6 @@ class UnitTable:
                              f"{missing[:3]}): run local/extract_units.py on its shard folders "
                              "with the same --kmeans")
 
-    def batch(self, keys):
-        """Units of ``keys`` padded with -1: (LongTensor [batch, longest], int lengths [batch])."""
-        missing = self.missing(keys)
-        if missing:
-            raise KeyError(f"no units for {len(missing)} samples (e.g. {missing[:3]}): run "
-                           "local/extract_units.py on every shard folder the recipe reads")
-        rows = [self.units_by_key[key] for key in keys]
-        lengths = torch.tensor([len(row) for row in rows])
-        padded = torch.full((len(rows), int(lengths.max())), -1, dtype=torch.long)
-        for i, row in enumerate(rows):
-            padded[i, : len(row)] = torch.from_numpy(row.astype(np.int64))
-        return padded, lengths
-
 
 def read_units(units_dirs, expected_hash=None):
     """Read one or more units folders made with the same k-means model into a :class:`UnitTable`.

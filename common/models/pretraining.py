@@ -9,7 +9,7 @@ Three tasks share the finetune graph's weights:
   token embedding (``transformer.custom_tgt_module``, shared), run through the same encoder, and the
   decoder (``transformer.decoder`` + ``seq_lin``) produces the target, teacher-forced.
 
-The speech targets are k-means units of MFCCs (``local/extract_units.py``, looked up by key) or BEST-RQ
+The speech targets are k-means units of MFCCs (``local/extract_units.py``, a field of the speech batch) or BEST-RQ
 codes (``BestRqTargets``: SpeechBrain's ``RandomProjectionQuantizer`` on per-utterance normalised Fbank
 frames stacked to the encoder frame rate, computed in the pass, fixed by a seed).
 
@@ -25,6 +25,7 @@ from typing import NamedTuple
 import torch
 from speechbrain.lobes.models.transformer.TransformerASR import make_transformer_src_tgt_masks
 from speechbrain.nnet.quantisers import RandomProjectionQuantizer
+from speechbrain.processing.features import InputNormalization, make_padding_mask
 
 from common.data.units import count_units
 from common.tokens import BLANK
@@ -40,7 +41,7 @@ class MaskedSpeechOutput(NamedTuple):
     unit_logits: torch.Tensor  # [batch, frames, n_units]
     frame_mask: torch.Tensor  # [batch, frames], True where the input frame was masked
     enc_states: torch.Tensor  # [batch, frames, d_model]
-    targets: torch.Tensor = None  # [batch, frames] BEST-RQ codes (None: k-means units, looked up by key)
+    targets: torch.Tensor = None  # [batch, frames] BEST-RQ codes (None: k-means units, a batch field)
 
 
 class BestRqTargets(torch.nn.Module):
@@ -65,6 +66,7 @@ class BestRqTargets(torch.nn.Module):
     def __init__(self, n_mels, stack, codebook_size=512, codebook_dim=16, seed=0):
         super().__init__()
         self.stack = stack
+        self.normalize = InputNormalization(norm_type="sentence")
         with torch.random.fork_rng(devices=[]):
             torch.manual_seed(seed)
             self.quantiser = RandomProjectionQuantizer(n_mels * stack, codebook_dim, codebook_size)
@@ -72,11 +74,7 @@ class BestRqTargets(torch.nn.Module):
     def forward(self, feats, rel_lens, num_frames):
         """Codes [batch, num_frames] of raw Fbank ``feats`` [batch, time, n_mels] (relative lengths)."""
         batch, time, n_mels = feats.shape
-        valid = (torch.arange(time, device=feats.device)[None] < torch.round(rel_lens * time)[:, None]).unsqueeze(-1)
-        count = valid.sum(dim=1, keepdim=True).clamp(min=1)
-        mean = (feats * valid).sum(dim=1, keepdim=True) / count
-        std = (((feats - mean) ** 2 * valid).sum(dim=1, keepdim=True) / count).sqrt().clamp(min=1e-5)
-        normalised = ((feats - mean) / std) * valid
+        normalised = self.normalize(feats, rel_lens).masked_fill(~make_padding_mask(feats, rel_lens), 0.0)
         wanted = num_frames * self.stack
         normalised = torch.nn.functional.pad(normalised, (0, 0, 0, max(0, wanted - time)))[:, :wanted]
         stacked = normalised.reshape(batch, num_frames, self.stack * n_mels)
@@ -117,7 +115,7 @@ class PretrainHeads(torch.nn.Module):
     n_units : int
         k-means clusters (``kmeans.json``'s ``n_units``) or BEST-RQ codes.
     bestrq : BestRqTargets, optional
-        Computes the speech targets in the pass (None: k-means units looked up by key).
+        Computes the speech targets in the pass (None: k-means units from the batch).
     """
 
     def __init__(self, d_model, n_units, bestrq=None):
