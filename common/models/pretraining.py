@@ -8,6 +8,9 @@ Three tasks share the finetune graph's weights:
 - **text** (denoising) and **paired** (translation): source tokens are embedded with the decoder's
   token embedding (``transformer.custom_tgt_module``, shared), run through the same encoder, and the
   decoder (``transformer.decoder`` + ``seq_lin``) produces the target, teacher-forced.
+- **text** as a language model (``text_task: lm``): the decoder alone predicts the sentence, its
+  cross-attention reading one zero frame (no source): the attention decoder learns the language
+  before it hears any speech, and the encoder is left to the speech.
 
 The speech targets are k-means units of MFCCs (``local/extract_units.py``, a field of the speech batch) or BEST-RQ
 codes (``BestRqTargets``: SpeechBrain's ``RandomProjectionQuantizer`` on per-utterance normalised Fbank
@@ -32,7 +35,8 @@ from common.tokens import BLANK
 
 logger = logging.getLogger(__name__)
 
-SPEECH_TASK, TEXT_TASKS = "speech", ("text", "paired")
+SPEECH_TASK, TEXT_TASKS, LM_TASK = "speech", ("text", "paired"), "text_lm"
+TEXT_TASK_KINDS = ("denoise", "lm")  # how mono text trains (the ``text_task`` option)
 
 
 class MaskedSpeechOutput(NamedTuple):
@@ -183,12 +187,15 @@ class JointPretrainModel(torch.nn.Module):
         self.heads = heads
 
     def forward(self, task, *inputs, **kwargs):
-        """``speech``: see ``masked_speech``; ``text`` / ``paired``: see ``text_to_text``."""
+        """``speech``: see ``masked_speech``; ``text`` / ``paired``: see ``text_to_text``; ``text_lm``:
+        see ``language_model``."""
         if task == SPEECH_TASK:
             return self.masked_speech(*inputs, **kwargs)
         if task in TEXT_TASKS:
             return self.text_to_text(*inputs, **kwargs)
-        raise ValueError(f"unknown task {task!r}: use {SPEECH_TASK} or one of {TEXT_TASKS}")
+        if task == LM_TASK:
+            return self.language_model(*inputs, **kwargs)
+        raise ValueError(f"unknown task {task!r}: use {SPEECH_TASK}, {LM_TASK} or one of {TEXT_TASKS}")
 
     def masked_speech(self, wavs, wav_lens, mask_frames, epoch=None):
         """Masked unit prediction pass.
@@ -222,4 +229,14 @@ class JointPretrainModel(torch.nn.Module):
         enc_states, padding_mask = encode_embedded(transformer, transformer.custom_tgt_module(src_tokens),
                                                    src_lens)
         dec_states = decode_teacher_forced(transformer, tokens_bos, enc_states, padding_mask)
+        return torch.log_softmax(self.model.seq_lin(dec_states), dim=-1)
+
+    def language_model(self, tokens_bos):
+        """Decoder log-probabilities [batch, length, vocab] of ``tokens_bos`` with no source: the
+        cross-attention reads one zero frame, so only its output bias trains, and the decoder's
+        self-attention and feed-forward layers learn the language."""
+        transformer = self.model.transformer
+        d_model = self.heads.unit_head.in_features
+        memory = torch.zeros(tokens_bos.shape[0], 1, d_model, device=tokens_bos.device)
+        dec_states = decode_teacher_forced(transformer, tokens_bos, memory, None)
         return torch.log_softmax(self.model.seq_lin(dec_states), dim=-1)

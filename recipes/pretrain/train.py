@@ -10,7 +10,8 @@ Each batch holds one modality, drawn from a ``MixedLoader`` (weights or temperat
 
 - ``speech``: span-masked encoder input, cross-entropy on masked frames against k-means units
   (``speech_targets: kmeans``, from ``units_dirs``) or BEST-RQ codes (``bestrq``, computed in the pass);
-- ``text``: BART noising of the source, the decoder reconstructs the sentence;
+- ``text``: BART noising of the source, the decoder reconstructs the sentence (``text_task: denoise``),
+  or the decoder alone predicts it, a language model with no source (``text_task: lm``);
 - ``paired``: the source through the same text path, the decoder produces the target.
 
 The loss of a batch is its task's loss times ``task_loss_weights[task]``; per-task losses and
@@ -43,6 +44,7 @@ from common.data import (
 from common.data.units import read_units, units_at_frames
 from common.data_report import REPORT_FILE
 from common.masking import mask_spans
+from common.models.pretraining import LM_TASK, TEXT_TASK_KINDS
 from common.objectives import masked_unit_loss, sequence_loss
 from common.recipe import prepare_experiment
 from common.text_noising import TextNoiser, ordinary_piece_ids
@@ -78,6 +80,8 @@ class JointPretraining(RecipeBrain):
             hp = self.hparams
             mask = lambda lengths, frames: mask_spans(lengths, frames, hp.mask_prob, hp.mask_span_frames, rng)  # noqa: E731,E501
             return task, self.modules.pretrain(SPEECH, wavs, wav_lens, mask, epoch=hp.epoch_counter.current)
+        if task == TEXT and self.hparams.text_task == "lm":
+            return task, self.modules.pretrain(LM_TASK, batch.tokens_bos.data)
         src, src_lens = batch.src_tokens  # mono text comes noised from its loader
         return task, self.modules.pretrain(task, src, src_lens, batch.tokens_bos.data)
 
@@ -150,13 +154,14 @@ def speech_loader(hparams, parquets, training, rank=0, world_size=1, units=None)
 
 
 def text_loader(hparams, parquets, rank, world_size, paired):
-    """Mono (``paired=False``, sources BART-noised in the loader) or paired text batches of this rank,
-    as the ``text_loader`` block says."""
+    """Mono (``paired=False``, sources BART-noised in the loader unless ``text_task`` is ``lm``) or paired
+    text batches of this rank, as the ``text_loader`` block says."""
     columns = hparams["paired_columns"] if paired else hparams["text_columns"]
     tokenizer = Tokenizer(hparams["tokenizer_file"])
+    denoise = not paired and hparams["text_task"] == "denoise"
     return make_text_loader(parquets, tokenizer, TextLoaderConfig.from_config(hparams["text_loader"], "text_loader"),
                             seed=hparams["seed"], rank=rank, world_size=world_size,
-                            noiser=None if paired else make_noiser(hparams, tokenizer), **columns)
+                            noiser=make_noiser(hparams, tokenizer) if denoise else None, **columns)
 
 
 def mix_report(mix, epoch=1):
@@ -236,8 +241,14 @@ INPUT_KEYS = ("speech_parquets", "units_dirs", "valid_parquet", "valid_units_dir
               "paired_parquets", "tokenizer_file")
 
 
+def check_text_task(text_task):
+    if text_task not in TEXT_TASK_KINDS:
+        raise ValueError(f"text_task: {text_task!r}: use one of {TEXT_TASK_KINDS}")
+
+
 def main(argv):
     hparams, run_opts = prepare_experiment(argv, lambda hparams: INPUT_KEYS)
+    check_text_task(hparams["text_task"])
     shutil.copy(hparams["tokenizer_file"], os.path.join(hparams["output_folder"], "tokenizer.model"))
     brain = JointPretraining(modules={"pretrain": hparams["pretrain_model"]}, opt_class=hparams["optimizer"],
                              hparams=hparams, run_opts=run_opts, checkpointer=hparams["checkpointer"])

@@ -70,6 +70,26 @@ def test_text_pass_trains_the_shared_embedding_encoder_and_decoder():
     assert not any(name.startswith("frontend") for name in grads)
 
 
+def test_the_language_model_pass_trains_the_decoder_alone_and_is_causal():
+    """text_lm: log-probs [batch, length, vocab] of the tokens with no source; gradients reach the
+    token embedding, decoder and seq_lin but not the encoder; a later token does not change an
+    earlier position's prediction (a language model, not a copy)."""
+    joint = pretrain_model()
+    tokens = torch.tensor([[1, 4, 5, 6], [1, 8, 9, 0]])
+    log_probs = joint("text_lm", tokens)
+    assert log_probs.shape == (2, 4, 11)
+    log_probs.sum().backward()
+    grads = {name for name, p in joint.model.named_parameters() if p.grad is not None and p.grad.abs().sum() > 0}
+    for prefix in ("transformer.custom_tgt_module", "transformer.decoder", "seq_lin"):
+        assert any(name.startswith(prefix) for name in grads), prefix
+    assert not any(name.startswith(("transformer.encoder", "frontend")) for name in grads)
+    changed = tokens.clone()
+    changed[0, 3] = 7
+    with torch.no_grad():
+        assert torch.allclose(joint("text_lm", tokens)[0, :3], joint("text_lm", changed)[0, :3], atol=1e-5)
+        assert not torch.allclose(joint("text_lm", tokens)[0, 3], joint("text_lm", changed)[0, 3])
+
+
 def test_the_graph_inside_the_pretrain_model_loads_strictly_into_a_finetune_build():
     """Pretraining adds weights only under heads: model.* loads into a plain graph by name."""
     joint = pretrain_model()

@@ -187,6 +187,29 @@ def test_bestrq_pretraining_reads_untranscribed_shards_without_a_units_stage(spe
     assert torch.equal(heads["bestrq.quantiser.CB"], expected.CB)
 
 
+def test_text_as_a_language_model_trains_the_decoder_alone(pretrain_data, speech_shards, tmp_path, monkeypatch):
+    """text_task=lm: every mono text batch goes through the decoder-only pass (no source, no noise) and
+    its loss is logged; an unknown text_task is refused naming the choices."""
+    from common.models.pretraining import JointPretrainModel
+
+    calls = []
+    original = JointPretrainModel.language_model
+    monkeypatch.setattr(JointPretrainModel, "language_model",
+                        lambda self, tokens_bos: calls.append(tokens_bos.shape) or original(self, tokens_bos))
+    d, exp = pretrain_data, tmp_path / "lm"
+    args = [os.path.join(CONFIGS, "demo.yaml"), f"--output_folder={exp}", f"--tokenizer_file={d['tokenizer']}",
+            f"--speech_parquets=[{speech_shards['train']}/metadata_pool.parquet]", f"--units_dirs=[{d['units']}]",
+            f"--text_parquets=[{d['mono']}]", *TINY, "--number_of_epochs=1"]
+    train.main(args + ["--text_task=lm"])
+    log = open(exp / "train_log.txt").read()
+    steps = int(re.search(r"steps: (\d+)", log).group(1))
+    text_batches = float(re.search(r"text_share: ([-+.\de]+)", log).group(1)) * steps
+    assert len(calls) > 0 and abs(len(calls) - text_batches) < 0.5
+    assert math.isfinite(float(re.search(r"text_loss: ([-+.\de]+)", log).group(1)))
+    with pytest.raises(ValueError, match="text_task: 'bart'.*denoise"):
+        train.main(args + ["--text_task=bart", f"--output_folder={tmp_path / 'bad'}"])
+
+
 def test_corpora_of_a_modality_are_mixed_to_their_targets_within_a_batch(pretrain_data, speech_shards, tmp_path,
                                                                           capfd):
     """Two speech corpora weighted 3:1 beside mono text: each epoch's logged share of each corpus is its
