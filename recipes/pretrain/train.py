@@ -224,8 +224,11 @@ def training_mix(hparams, rank, world_size, units=None):
     if hparams["paired_parquets"]:
         streams[PAIRED] = corpus_mix(hparams, hparams["paired_parquets"],
                                      lambda parquets: text_loader(hparams, parquets, rank, world_size, paired=True))
-    weights = hparams["mixing_weights"]
+    weights = hparams["mixing_weights"] or None
     if weights is not None:
+        missing = [name for name in streams if name not in weights]
+        if missing:
+            raise ValueError(f"mixing_weights has no weight for {missing}: give one per task of {list(streams)}")
         weights = {name: weights[name] for name in streams}
     return MixedLoader(streams, weights=weights, alpha=None if weights else hparams["mixing_alpha"],
                        seed=hparams["seed"])

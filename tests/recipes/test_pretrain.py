@@ -243,6 +243,20 @@ def test_a_dry_run_writes_the_planned_mix_and_trains_nothing(pretrain_data, spee
     assert not glob.glob(str(exp / "save" / "CKPT+*")) and not (exp / "train_log.txt").exists()
 
 
+def test_mixing_weights_from_the_command_line_set_the_task_shares(pretrain_data, speech_shards, tmp_path):
+    """--mixing_weights={"speech":0,"text":1} plans no speech batches (text alone); a task without a
+    weight is refused naming it."""
+    d = pretrain_data
+    args = [os.path.join(CONFIGS, "demo.yaml"), f"--tokenizer_file={d['tokenizer']}",
+            f"--speech_parquets=[{speech_shards['train']}/metadata_pool.parquet]", f"--units_dirs=[{d['units']}]",
+            f"--text_parquets=[{d['mono']}]", *TINY, "--dry_run=True"]
+    train.main(args + [f"--output_folder={tmp_path / 'text'}", '--mixing_weights={"speech":0,"text":1}'])
+    report = (tmp_path / "text" / "data_report" / "report.md").read_text()
+    assert re.search(r"\| speech \| \d+ \| 0.000 \|", report) and re.search(r"\| text \| \d+ \| 1.000 \|", report)
+    with pytest.raises(ValueError, match=r"mixing_weights has no weight for \['text'\]"):
+        train.main(args + [f"--output_folder={tmp_path / 'bad'}", '--mixing_weights={"speech":1}'])
+
+
 def test_a_second_iteration_clusters_an_encoder_layer_of_the_pretrained_model(pretrained, speech_shards, tmp_path):
     """extract_units.py --features EXP:1: one unit per encoder frame of that model (its frame rate), the
     hash names the checkpoint's weights; a layer the encoder lacks is a usage error."""
