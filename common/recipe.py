@@ -12,7 +12,6 @@ a ``!PLACEHOLDER`` left unset, a number given as text) stop the run before any w
 an error that names the key and the fix.
 """
 
-import atexit
 import dataclasses
 import difflib
 import logging
@@ -27,11 +26,11 @@ import torch
 from hyperpyyaml import load_hyperpyyaml, resolve_references
 from hyperpyyaml.core import recursive_update
 
+from common.atomic import acquire_run_lock
 from common.lock import check_and_write_lock, make_lock, pop_force_flag
 
 logger = logging.getLogger(__name__)
 
-LOCK_NAME = "run.lock"
 BASE_KEY = "base_config"  # a derived config names its base (relative path) and lists what differs
 
 
@@ -165,28 +164,6 @@ def load_checked_hparams(hparams_file, overrides="", input_keys=None):
             f"{key} is a !PLACEHOLDER in {hparams_file}: give it a value, e.g. "
             f"--{key.split('[')[0]}=... on the command line (or in a derived config)"
         ) from error
-
-
-def acquire_run_lock(folder):
-    """Marks ``folder`` as used by this process, so a second run cannot write into it too.
-
-    A lock left by a process that no longer runs is taken over. Released at exit.
-    """
-    path = os.path.join(folder, LOCK_NAME)
-    try:
-        with open(path, encoding="utf-8") as f:
-            holder = int(f.read().strip() or 0)
-        os.kill(holder, 0)
-    except (FileNotFoundError, ValueError, ProcessLookupError):
-        holder = None
-    if holder is not None and holder != os.getpid():
-        raise RuntimeError(
-            f"{folder} is in use by process {holder} ({path}): wait for it to finish, "
-            "or set another output_folder"
-        )
-    with open(path, "w", encoding="utf-8") as f:
-        f.write(str(os.getpid()))
-    atexit.register(lambda: os.path.exists(path) and os.remove(path))
 
 
 def create_output_folder(hparams, hparams_file, overrides, argv):

@@ -1,7 +1,9 @@
 """local/synth_corpus.py: real espeak-ng speech, deterministic, disjoint splits, held-out test voice."""
 
 import json
+import subprocess
 
+import pytest
 import soundfile as sf
 
 from local.synth_corpus import HELD_OUT_VOICE, main, parse_args, plan_utterances
@@ -39,6 +41,23 @@ def test_same_seed_same_plan_and_a_rerun_is_identical(speech_corpus, tmp_path):
     before = (speech_corpus / "train.jsonl").read_text()
     main([str(speech_corpus), *args[1:], "--jobs", "1"])
     assert (speech_corpus / "train.jsonl").read_text() == before
+
+
+def test_a_second_run_into_a_folder_in_use_is_refused_before_it_touches_it(tmp_path):
+    """While another process writes a corpus folder (its run.lock), a run into it stops with the holder's
+    pid and leaves that run's half-written temporaries alone."""
+    temporary = tmp_path / "wav" / "train" / "train-000000.wav.tmp"
+    temporary.parent.mkdir(parents=True)
+    temporary.write_bytes(b"half written")
+    holder = subprocess.Popen(["sleep", "30"])
+    try:
+        (tmp_path / "run.lock").write_text(str(holder.pid))
+        with pytest.raises(RuntimeError, match=f"in use by process {holder.pid}"):
+            main([str(tmp_path), "--num-train", "4", "--num-dev", "2", "--num-test", "2", "--jobs", "1"])
+    finally:
+        holder.kill()
+        holder.wait()
+    assert temporary.read_bytes() == b"half written"
 
 
 def test_translation_is_pig_latin_of_the_text(speech_corpus):
