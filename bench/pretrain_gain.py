@@ -2,17 +2,19 @@
 """Does pretraining pay? Finetune on a share of the labels from the pretrained checkpoint vs from scratch.
 
     python bench/pretrain_gain.py --corpus open [--labelled-share 0.15] [--pretrain-minutes 15]
-        [--finetune-minutes 12] [--speech-only] [--exp DIR] [--json]
+        [--finetune-minutes 12] [--speech-only] [--exp DIR] [--seed N] [--pretrained-exp DIR] [--json]
     python bench/pretrain_gain.py [--corpus demo] [--finetune-epochs 100] [--pretrain-epochs 30] ...
 
 ``--corpus open`` (the default config's corpus, ``make open-corpus``; its shards are made by the
 finetune recipe's stages 0-1 when missing): the pretrain recipe with ``hparams/small.yaml`` (BEST-RQ
-targets) sees all 1500 training utterances without transcripts and, unless ``--speech-only``, the
-corpus's ``lm_text.txt`` (Bible sentences, none of dev or test) as mono text; its tokenizer (characters
+targets; mono text trains the decoder as a language model) sees all 1500 training utterances without
+transcripts and, unless ``--speech-only``, the corpus's ``lm_text.txt`` (Bible sentences, none of dev or
+test) as mono text; its tokenizer (characters
 and ``<mask>``) is built from the transcripts and that text. Then recipes/finetune/train.py (small.yaml)
 trains twice on the same seeded ``--labelled-share`` of the labelled utterances (225 of 1500 at 15 %: the
 unlabelled pool is 6.7x the labelled set), with that tokenizer and the same wall-clock budget: once from
 the pretrained checkpoint, once from scratch; both are tested on test_seen and test_unseen.
+``--pretrained-exp DIR`` skips pretraining and finetunes from DIR (another ``--seed``'s labelled subset).
 
 ``--corpus demo``: the demo corpus and configs (k-means units; transcripts as text, Pig Latin pairs),
 budgets in epochs, its test split (a held-out voice).
@@ -61,6 +63,9 @@ def parse_args(argv=None):
     parser.add_argument("--pretrain-overrides", default="", help="extra pretrain train.py overrides")
     parser.add_argument("--finetune-overrides", default="",
                         help="extra finetune train.py overrides for the pretrained model (e.g. --lr_peak=0.001)")
+    parser.add_argument("--pretrained-exp",
+                        help="finetune from this finished pretraining experiment (its tokenizer) instead of "
+                             "pretraining again: another --seed's labelled subset on the same pretrained model")
     parser.add_argument("--json", action="store_true", help="end with one JSON line of the figures")
     args = parser.parse_args(argv)
     args.exp = args.exp or "exp/bench_pretrain_gain" + ("_open" if args.corpus == "open" else "")
@@ -107,11 +112,11 @@ def prepare_and_pretrain(args, pretrain_exp):
 
 
 def labelled_subset(shard_dir, share, seed):
-    """Write metadata_labelled_<share>.parquet beside the shards: a seeded share of the rows."""
+    """Write metadata_labelled_<share>_seed<seed>.parquet beside the shards: a seeded share of the rows."""
     table = pq.read_table(os.path.join(shard_dir, "metadata_pool.parquet"))
     rng = np.random.default_rng(seed)
     rows = np.sort(rng.choice(table.num_rows, size=max(1, round(share * table.num_rows)), replace=False))
-    path = os.path.join(shard_dir, f"metadata_labelled_{round(100 * share)}.parquet")
+    path = os.path.join(shard_dir, f"metadata_labelled_{round(100 * share)}_seed{seed}.parquet")
     pq.write_table(table.take(rows), path)
     return path, len(rows), table.num_rows
 
@@ -153,8 +158,8 @@ def table(results, seconds):
 def main(argv=None):
     args = parse_args(argv)
     name = "pretrained" + ("_speech" if args.speech_only else "")
-    pretrain_exp = os.path.join(args.exp, "pretrain" + ("_speech" if args.speech_only else ""))
-    seconds = prepare_and_pretrain(args, pretrain_exp)
+    pretrain_exp = args.pretrained_exp or os.path.join(args.exp, "pretrain" + ("_speech" if args.speech_only else ""))
+    seconds = {"pretrain": 0.0} if args.pretrained_exp else prepare_and_pretrain(args, pretrain_exp)
     parquet, labelled, total = labelled_subset(os.path.join(args.data, "shards", "train"),
                                                args.labelled_share, args.seed)
     tokenizer = os.path.join(pretrain_exp, "tokenizer.model")
@@ -165,8 +170,10 @@ def main(argv=None):
     gain = relative_gain(results["scratch"][first], results[name][first])
     budget = (f"{args.finetune_epochs} epochs each; pretraining {args.pretrain_epochs} epochs" if args.corpus == "demo"
               else f"{args.finetune_minutes:g} min each; pretraining {args.pretrain_minutes:g} min")
+    pretraining = (f"reused: {args.pretrained_exp}" if args.pretrained_exp
+                   else f"{seconds['pretrain'] / 60:.1f} min wall")
     print(f"\nfinetune on {labelled} of {total} labelled utterances ({args.labelled_share:.0%}), {budget} "
-          f"({seconds['pretrain'] / 60:.1f} min wall)")
+          f"({pretraining})")
     print(table(results, seconds))
     print(f"relative WER gain of pretraining on {first}: {gain:.1%} (goal >= 15 %): "
           f"{'met' if gain >= 0.15 else 'NOT met'}")
