@@ -21,8 +21,9 @@ budgets in epochs, its test split (a held-out voice).
 
 Goal: the pretrained WER at least 15 % lower (relative) than from scratch. Prints a table (WER, CER,
 relative WER gain vs scratch, per test split) and the commands run; with --json the last line is
-{"scratch": {...}, "pretrained": {...}, "relative_wer_gain": x}. On 2 quiet CPU cores: about 45 min
-with the open defaults (pretraining 15 min, each finetune 12 min plus its decoding), 35 min on the demo.
+{"scratch": {...}, "pretrained": {...}, "relative_wer_gain": x}. On 2 quiet CPU cores: about 51 min
+with the open defaults (pretraining 15 min and the epoch it ends in, each finetune 12 min plus its decoding:
+17 min; 45 with ``--speech-only``, 34 with ``--pretrained-exp``), 35 min on the demo.
 """
 
 import argparse

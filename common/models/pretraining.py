@@ -109,6 +109,11 @@ def check_speech_targets(speech_targets):
         raise ValueError(f"speech_targets: {speech_targets!r}: use kmeans or bestrq")
 
 
+def check_text_task(text_task):
+    if text_task not in TEXT_TASK_KINDS:
+        raise ValueError(f"text_task: {text_task!r}: use one of {TEXT_TASK_KINDS}")
+
+
 class PretrainHeads(torch.nn.Module):
     """Pretraining-only weights (not loaded by finetuning).
 
@@ -235,8 +240,6 @@ class JointPretrainModel(torch.nn.Module):
         """Decoder log-probabilities [batch, length, vocab] of ``tokens_bos`` with no source: the
         cross-attention reads one zero frame, so only its output bias trains, and the decoder's
         self-attention and feed-forward layers learn the language."""
-        transformer = self.model.transformer
-        d_model = self.heads.unit_head.in_features
-        memory = torch.zeros(tokens_bos.shape[0], 1, d_model, device=tokens_bos.device)
-        dec_states = decode_teacher_forced(transformer, tokens_bos, memory, None)
+        memory = tokens_bos.new_zeros(tokens_bos.shape[0], 1, self.model.seq_lin.w.in_features, dtype=torch.float)
+        dec_states = decode_teacher_forced(self.model.transformer, tokens_bos, memory, None)
         return torch.log_softmax(self.model.seq_lin(dec_states), dim=-1)

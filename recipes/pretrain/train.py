@@ -44,7 +44,7 @@ from common.data import (
 from common.data.units import read_units, units_at_frames
 from common.data_report import REPORT_FILE
 from common.masking import mask_spans
-from common.models.pretraining import LM_TASK, TEXT_TASK_KINDS
+from common.models.pretraining import LM_TASK, check_text_task
 from common.objectives import masked_unit_loss, sequence_loss
 from common.recipe import prepare_experiment
 from common.text_noising import TextNoiser, ordinary_piece_ids
@@ -195,6 +195,16 @@ def corpus_name(parquet):
     return os.path.splitext(os.path.basename(path))[0]
 
 
+def weights_by_name(weights, names, option, what):
+    """``option``'s weight of each of ``names`` (None: no weights given); a name without one is refused."""
+    if weights is None:
+        return None
+    missing = [name for name in names if name not in weights]
+    if missing:
+        raise ValueError(f"{option} has no weight for {missing}: give one per {what} of {names}")
+    return {name: weights[name] for name in names}
+
+
 def corpus_mix(hparams, parquets, make_loader):
     """The corpora of one modality: one loader (``make_loader(parquets)``) of all of them, or, with
     ``corpus_mixing_alpha`` or ``corpus_weights`` and several corpora, one per corpus mixed by them."""
@@ -204,11 +214,7 @@ def corpus_mix(hparams, parquets, make_loader):
     names = [corpus_name(parquet) for parquet in parquets]
     if len(set(names)) < len(names):
         raise ValueError(f"corpora need distinct names (shard folder or parquet stem) to be mixed: {names}")
-    if weights is not None:
-        missing = [name for name in names if name not in weights]
-        if missing:
-            raise ValueError(f"corpus_weights has no weight for {missing}: give one per corpus name of {names}")
-        weights = {name: weights[name] for name in names}
+    weights = weights_by_name(weights, names, "corpus_weights", "corpus name")
     streams = {name: make_loader([parquet]) for name, parquet in zip(names, parquets)}
     return MixedLoader(streams, weights=weights, alpha=None if weights else alpha, seed=hparams["seed"], tag="corpus")
 
@@ -224,12 +230,7 @@ def training_mix(hparams, rank, world_size, units=None):
     if hparams["paired_parquets"]:
         streams[PAIRED] = corpus_mix(hparams, hparams["paired_parquets"],
                                      lambda parquets: text_loader(hparams, parquets, rank, world_size, paired=True))
-    weights = hparams["mixing_weights"] or None
-    if weights is not None:
-        missing = [name for name in streams if name not in weights]
-        if missing:
-            raise ValueError(f"mixing_weights has no weight for {missing}: give one per task of {list(streams)}")
-        weights = {name: weights[name] for name in streams}
+    weights = weights_by_name(hparams["mixing_weights"] or None, list(streams), "mixing_weights", "task")
     return MixedLoader(streams, weights=weights, alpha=None if weights else hparams["mixing_alpha"],
                        seed=hparams["seed"])
 
@@ -242,11 +243,6 @@ def make_noiser(hparams, tokenizer):
 
 INPUT_KEYS = ("speech_parquets", "units_dirs", "valid_parquet", "valid_units_dir", "text_parquets",
               "paired_parquets", "tokenizer_file")
-
-
-def check_text_task(text_task):
-    if text_task not in TEXT_TASK_KINDS:
-        raise ValueError(f"text_task: {text_task!r}: use one of {TEXT_TASK_KINDS}")
 
 
 def main(argv):
