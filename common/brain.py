@@ -7,6 +7,8 @@ the per-term averages of each stage, TensorBoard, the epoch's log line, ``histor
 
 - ``compute_forward`` and ``compute_objectives`` (calling ``add_figures`` with what it reports);
 - ``batch_budgets()``: what one batch holds, per modality (logged as the effective batch);
+- optionally ``parameter_group(name)``: the learning-rate group of a parameter, when the hparams'
+  ``lr_scales`` (group -> factor of the schedule's rate) give groups their own rates;
 - optionally ``evaluation_figures(stage)`` (e.g. WER of the validation decode), ``end_test(stats)``,
   ``checkpoint_key`` (the validation figure that ranks checkpoints) and ``higher_is_better``;
 - with evaluation split across torchrun ranks (loaders made with ``share="batches"``):
@@ -96,6 +98,11 @@ class RecipeBrain(sb.Brain):
     def merge_evaluation_states(self, states):
         """Make the stage's evaluation of every rank's ``evaluation_state()`` (rank order)."""
 
+    def parameter_group(self, name):
+        """The learning-rate group (an ``lr_scales`` key) of the parameter ``name`` of ``self.modules``
+        (``model.transformer...``); the recipe names the groups."""
+        raise ValueError(f"{type(self).__name__} has no learning-rate groups: remove lr_scales from the config")
+
     def network(self, stage):
         """The model for ``stage``: DDP-wrapped in training, the plain module when evaluating, whose
         ranks decode different numbers of batches (DDP's forward would wait for the others)."""
@@ -107,6 +114,28 @@ class RecipeBrain(sb.Brain):
     def fit(self, epoch_counter, train_set, valid_set=None, *args, **kwargs):
         self.validates = valid_set is not None
         return super().fit(epoch_counter, train_set, valid_set, *args, **kwargs)
+
+    def init_optimizers(self):
+        """SpeechBrain's one optimizer; with ``lr_scales`` its parameters in one group per
+        ``parameter_group`` name, each remembering its factor (``lr_scale``); unscaled groups come first,
+        so ``param_groups[0]`` holds the schedule's rate (logged as ``lr``)."""
+        scales = dict(getattr(self.hparams, "lr_scales", None) or {})
+        if not scales:
+            return super().init_optimizers()
+        groups = defaultdict(list)
+        for name, parameter in self.modules.named_parameters():
+            groups[self.parameter_group(name)].append(parameter)
+        unknown = sorted(set(scales) - set(groups))
+        if unknown or any(not isinstance(f, (int, float)) or f < 0 for f in scales.values()):
+            raise ValueError(f"lr_scales={scales}: each key must be one of {sorted(groups)} (not {unknown}) "
+                             "and each factor a number >= 0, e.g. --lr_scales='{language_model: 0.1}'")
+        param_groups = sorted(({"params": params, "group": group, "lr_scale": float(scales.get(group, 1.0))}
+                               for group, params in groups.items()), key=lambda g: g["lr_scale"] != 1.0)
+        self.optimizer = self.opt_class(param_groups)
+        self.optimizers_dict = {"opt_class": self.optimizer}
+        if self.checkpointer is not None:
+            self.checkpointer.add_recoverable("optimizer", self.optimizer)
+        logger.info("learning-rate factors: %s", {g["group"]: g["lr_scale"] for g in param_groups})
 
     def on_fit_start(self):
         super().on_fit_start()
@@ -138,6 +167,9 @@ class RecipeBrain(sb.Brain):
         optimizer's initial rate, the schedule's peak)."""
         if should_step:
             self.hparams.lr_scheduler(self.optimizer)
+            rate = self.optimizer.param_groups[0]["lr"]  # the schedule sets every group's rate alike ...
+            for group in self.optimizer.param_groups:  # ... and lr_scales scale it per group
+                group["lr"] = rate * group.get("lr_scale", 1.0)
 
     def on_fit_batch_end(self, batch, outputs, loss, should_step):
         """The batch log line; every ``log_interval_steps`` updates the figures to TensorBoard."""

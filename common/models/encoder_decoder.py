@@ -19,6 +19,12 @@ pretraining and finetuning (weights move between them by name):
 ``ctc_lin``            ``speechbrain.nnet.linear.Linear``: encoder states → CTC logits
 ``seq_lin``            ``speechbrain.nnet.linear.Linear``: decoder states → token logits
 =====================  ============================================================
+
+``parameter_group`` sorts the weights into four groups a recipe can give their own learning rate
+(``lr_scales``): ``encoder`` (front-end, input projection, conformer), ``ctc`` (``ctc_lin``),
+``cross_attention`` (each decoder layer's attention to the encoder and the norm before it) and
+``language_model`` (token embedding, the rest of the decoder, ``seq_lin``: what a text-only pretraining
+pass, ``text_task: lm``, trains).
 """
 
 import logging
@@ -30,6 +36,27 @@ from common.tokens import BLANK
 
 logger = logging.getLogger(__name__)
 
+
+
+PARAMETER_GROUPS = {  # group -> parameter-name prefixes; cross-attention is told apart by its layer part
+    "encoder": ("frontend.", "transformer.custom_src_module.", "transformer.encoder."),
+    "ctc": ("ctc_lin.",),
+    "language_model": ("transformer.custom_tgt_module.", "transformer.decoder.", "seq_lin."),
+}
+CROSS_ATTENTION_PARTS = (".multihead_attn.", ".norm2.")  # SpeechBrain's TransformerDecoderLayer names
+
+
+def parameter_group(name):
+    """The group (``PARAMETER_GROUPS`` or ``cross_attention``) of a ``SpeechEncoderDecoder`` parameter name
+    (a DDP ``module.`` prefix is ignored); a name of no group raises, naming it."""
+    name = name.removeprefix("module.")
+    for group, prefixes in PARAMETER_GROUPS.items():
+        if name.startswith(prefixes):
+            if group == "language_model" and any(part in name for part in CROSS_ATTENTION_PARTS):
+                return "cross_attention"
+            return group
+    raise ValueError(f"model parameter {name} is in no learning-rate group: add its prefix to "
+                     "PARAMETER_GROUPS in common/models/encoder_decoder.py")
 
 
 class EncoderDecoderOutput(NamedTuple):

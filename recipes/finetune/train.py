@@ -25,6 +25,7 @@ from common.evaluation import average_best_checkpoints, record_results
 from common.feasibility import warn_if_infeasible
 from common.inference import load_language_model
 from common.metrics import TranscriptMetrics
+from common.models.encoder_decoder import parameter_group
 from common.models.transfer import check_same_tokenizer, load_pretrained
 from common.objectives import joint_ctc_attention_loss
 from common.recipe import prepare_experiment
@@ -66,6 +67,10 @@ class ASR(RecipeBrain):
                 parameter.requires_grad = not frozen
         self.encoder_frozen = frozen
         logger.info("encoder %s at update %d", "frozen" if frozen else "trained", self.optimizer_step)
+
+    def parameter_group(self, name):
+        """``encoder``, ``ctc``, ``cross_attention`` or ``language_model`` (``lr_scales`` keys)."""
+        return parameter_group(name.removeprefix("model."))
 
     def compute_forward(self, batch, stage):
         """Teacher-forced pass of both heads; returns (``EncoderDecoderOutput``, wav lengths)."""

@@ -48,6 +48,23 @@ def test_weight_names_are_the_documented_contract():
         assert expected in names
 
 
+def test_every_weight_has_one_learning_rate_group_and_cross_attention_is_its_own():
+    """lr_scales groups: each parameter of the graph in exactly one of the four groups; the decoder's
+    attention to the encoder (and the norm before it) apart from its language model; a DDP prefix ignored."""
+    from common.models.encoder_decoder import parameter_group
+
+    groups = {name: parameter_group(name) for name, _ in load_graph()["model"].named_parameters()}
+    assert set(groups.values()) == {"encoder", "ctc", "cross_attention", "language_model"}
+    assert groups["transformer.decoder.layers.0.multihead_attn.att.in_proj_weight"] == "cross_attention"
+    assert groups["transformer.decoder.layers.0.norm2.norm.weight"] == "cross_attention"
+    assert groups["transformer.decoder.layers.0.self_attn.att.in_proj_weight"] == "language_model"
+    assert groups["transformer.custom_tgt_module.layers.0.emb.Embedding.weight"] == "language_model"
+    assert groups["transformer.encoder.layers.0.norm2.norm.weight"] == "encoder"
+    assert parameter_group("module.ctc_lin.w.weight") == "ctc"
+    with pytest.raises(ValueError, match="new_head.weight is in no learning-rate group"):
+        parameter_group("new_head.weight")
+
+
 def test_weights_load_by_name_into_a_second_build_of_the_graph():
     """Two builds of the graph with the same sizes accept each other's state_dict strictly."""
     source, target = load_graph()["model"], load_graph(dropout=0.0)["model"]

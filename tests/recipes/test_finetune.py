@@ -9,7 +9,7 @@ import pytest
 from common.recipe import ConfigError, load_checked_hparams
 from local import train_tokenizer
 from recipes.finetune import train
-from tests.recipes.finetune_args import CONFIGS, TINY, data_options, epoch_losses, run_sh, train_argv
+from tests.recipes.finetune_args import CONFIGS, TINY, batch_log_lines, data_options, epoch_losses, run_sh, train_argv
 
 
 def test_run_sh_trains_decodes_and_scores_with_every_output(speech_shards, tmp_path):
@@ -166,3 +166,33 @@ def test_a_frozen_encoder_keeps_its_weights_while_the_heads_and_decoder_learn(sp
     assert encoder and all(torch.equal(initial[name], trained[name]) for name in encoder)
     for head in ("ctc_lin.w.weight", "seq_lin.w.weight"):
         assert not torch.equal(initial[head], trained[head]), head
+
+
+def test_lr_scales_give_each_group_its_rate_and_zero_holds_a_group(speech_shards, tokenizer_file, tmp_path):
+    """--lr_scales: the language model at 0 keeps every weight while the cross-attention, the encoder and
+    the CTC head move; the batch log's rate is the schedule's (the unscaled group's); an unknown group
+    or a negative factor is refused, naming the groups."""
+    import glob
+
+    import torch
+
+    argv = train_argv(speech_shards, tokenizer_file, tmp_path / "exp", "--number_of_epochs=1", "--do_test=False",
+                      "--lr_scales={language_model: 0.0, encoder: 0.5}", "--batch_log=True")
+    train.main(argv)
+    trained = torch.load(sorted(glob.glob(str(tmp_path / "exp" / "save" / "CKPT+*" / "model.ckpt")))[-1])
+    _, hparams = train.build_brain(train_argv(speech_shards, tokenizer_file, tmp_path / "fresh"))
+    initial = hparams["model"].state_dict()
+    moved = {name for name in initial if not torch.equal(initial[name], trained[name])}
+    language_model = [name for name in initial if name.startswith(("seq_lin.", "transformer.custom_tgt_module."))
+                      or (name.startswith("transformer.decoder.") and ".multihead_attn." not in name
+                          and ".norm2." not in name)]
+    assert language_model and not moved & set(language_model)
+    for name in ("transformer.decoder.layers.0.multihead_attn.att.in_proj_weight", "ctc_lin.w.weight"):
+        assert name in moved, name
+    assert any(name.startswith("transformer.encoder.") for name in moved)
+    first = batch_log_lines(tmp_path / "exp")[0]
+    assert first["lr"] == pytest.approx(0.003 / 4)  # TINY: Noam at step 1 of 4 warmup steps, lr_peak 0.003
+    for scales, message in (("{decoder: 0.1}", "each key must be one of"), ("{ctc: -1}", "a number >= 0")):
+        with pytest.raises(ValueError, match=message):
+            train.main(train_argv(speech_shards, tokenizer_file, tmp_path / "bad", "--number_of_epochs=1",
+                                  "--do_test=False", f"--lr_scales={scales}"))
