@@ -61,9 +61,8 @@ class ASR(RecipeBrain):
         """Stop (or resume) training the encoder: its parameters get no gradients while ``frozen``."""
         if getattr(self, "encoder_frozen", False) == frozen:
             return
-        model = self.hparams.model
-        for module in (model.frontend, model.transformer.custom_src_module, model.transformer.encoder):
-            for parameter in module.parameters():
+        for name, parameter in self.hparams.model.named_parameters():
+            if parameter_group(name) == "encoder":
                 parameter.requires_grad = not frozen
         self.encoder_frozen = frozen
         logger.info("encoder %s at update %d", "frozen" if frozen else "trained", self.optimizer_step)
