@@ -5,7 +5,9 @@ teacher-forced decoder term (pretraining, text; and the NLL half of the joint lo
 
 ``joint_ctc_attention_loss`` is SpeechUT's ``ctc_ce`` criterion:
 ``loss = (1 - dec_weight) * CTC + dec_weight * label-smoothed NLL``, with the CTC and NLL
-terms from SpeechBrain (``speechbrain.nnet.losses``; its CTC always uses ``zero_infinity``).
+terms from SpeechBrain (``speechbrain.nnet.losses``; its CTC always uses ``zero_infinity``). With
+intermediate CTC (ESPnet's ``interctc_weight``), ``CTC = (1 - inter_ctc_weight) * CTC(last layer) +
+inter_ctc_weight * mean CTC(intermediate layers)``.
 """
 
 import logging
@@ -60,6 +62,8 @@ def joint_ctc_attention_loss(
     dec_weight=0.7,
     label_smoothing=0.1,
     ignore_prefix_tokens=0,
+    inter_ctc_log_probs=(),
+    inter_ctc_weight=0.0,
 ):
     """Weighted sum of CTC on the encoder and label-smoothed NLL on the decoder.
 
@@ -83,15 +87,21 @@ def joint_ctc_attention_loss(
     ignore_prefix_tokens : int
         Leading target tokens (e.g. a language tag) that neither term is trained to predict;
         the decoder still receives them as input.
+    inter_ctc_log_probs : sequence of torch.Tensor
+        CTC log-probabilities of intermediate encoder layers (``EncoderDecoderOutput.inter_ctc_log_probs``).
+    inter_ctc_weight : float
+        Their mean CTC's share of the CTC term, in [0, 1); needs ``inter_ctc_log_probs`` when above 0.
 
     Returns
     -------
     dict
-        ``loss`` (the weighted sum, to back-propagate), and detached ``ctc_loss``,
-        ``nll_loss``, ``accuracy`` (decoder token accuracy in [0, 1]) for logging.
+        ``loss`` (the weighted sum, to back-propagate), and detached ``ctc_loss`` (last layer),
+        ``nll_loss``, ``accuracy`` (decoder token accuracy in [0, 1]) and, with intermediate CTC,
+        ``inter_ctc_loss`` for logging.
     """
     if not 0.0 <= dec_weight <= 1.0:
         raise ValueError(f"dec_weight={dec_weight} must lie in [0, 1] (0 = CTC only)")
+    check_inter_ctc(inter_ctc_weight, len(inter_ctc_log_probs))
     tokens, tokens_lens = drop_prefix(tokens, tokens_lens, ignore_prefix_tokens)
     tokens_eos, _ = drop_prefix(tokens_eos, tokens_eos_lens, ignore_prefix_tokens)
     seq_log_probs, tokens_eos_lens = drop_prefix(
@@ -99,12 +109,22 @@ def joint_ctc_attention_loss(
     )
     ctc = ctc_loss(ctc_log_probs, tokens, wav_lens, tokens_lens, BLANK)
     decoder = sequence_loss(seq_log_probs, tokens_eos, tokens_eos_lens, label_smoothing)
-    return {
-        "loss": (1.0 - dec_weight) * ctc + dec_weight * decoder["loss"],
-        "ctc_loss": ctc.detach(),
-        "nll_loss": decoder["loss"].detach(),
-        "accuracy": decoder["accuracy"],
-    }
+    figures = {"ctc_loss": ctc.detach(), "nll_loss": decoder["loss"].detach(), "accuracy": decoder["accuracy"]}
+    if inter_ctc_weight > 0.0:
+        inter = torch.stack([ctc_loss(log_probs, tokens, wav_lens, tokens_lens, BLANK)
+                             for log_probs in inter_ctc_log_probs]).mean()
+        ctc = (1.0 - inter_ctc_weight) * ctc + inter_ctc_weight * inter
+        figures["inter_ctc_loss"] = inter.detach()
+    return {"loss": (1.0 - dec_weight) * ctc + dec_weight * decoder["loss"], **figures}
+
+
+def check_inter_ctc(inter_ctc_weight, num_layers):
+    """Raises ValueError unless ``inter_ctc_weight`` in [0, 1) comes with intermediate layers (and back)."""
+    if not 0.0 <= inter_ctc_weight < 1.0:
+        raise ValueError(f"inter_ctc_weight={inter_ctc_weight} must lie in [0, 1) (0: no intermediate CTC)")
+    if (inter_ctc_weight > 0.0) != (num_layers > 0):
+        raise ValueError(f"inter_ctc_weight={inter_ctc_weight} with {num_layers} inter_ctc_layers: set both "
+                         "(e.g. --inter_ctc_layers=[2] --inter_ctc_weight=0.3) or neither")
 
 
 def sequence_loss(seq_log_probs, tokens_eos, tokens_eos_lens, label_smoothing=0.1):

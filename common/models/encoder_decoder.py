@@ -20,6 +20,10 @@ pretraining and finetuning (weights move between them by name):
 ``seq_lin``            ``speechbrain.nnet.linear.Linear``: decoder states → token logits
 =====================  ============================================================
 
+``inter_ctc_layers`` (intermediate CTC, Lee & Watanabe 2021, ESPnet's ``interctc_layer_idx``): the
+outputs of these encoder layers (1-based) also go through the encoder's final norm and the same
+``ctc_lin``, so the objective can ask the lower layers to be CTC-readable too; it adds no weights.
+
 ``parameter_group`` sorts the weights into four groups a recipe can give their own learning rate
 (``lr_scales``): ``encoder`` (front-end, input projection, conformer), ``ctc`` (``ctc_lin``),
 ``cross_attention`` (each decoder layer's attention to the encoder and the norm before it) and
@@ -27,8 +31,9 @@ pretraining and finetuning (weights move between them by name):
 pass, ``text_task: lm``, trains).
 """
 
+import contextlib
 import logging
-from typing import NamedTuple, Optional
+from typing import NamedTuple, Optional, Sequence
 
 import torch
 
@@ -65,6 +70,7 @@ class EncoderDecoderOutput(NamedTuple):
     ctc_log_probs: torch.Tensor  # [batch, frames, vocab]
     seq_log_probs: torch.Tensor  # [batch, target_len, vocab]
     enc_states: torch.Tensor  # [batch, frames, d_model]
+    inter_ctc_log_probs: tuple = ()  # one [batch, frames, vocab] per ``inter_ctc_layers`` entry
 
 
 class SpeechEncoderDecoder(torch.nn.Module):
@@ -85,6 +91,9 @@ class SpeechEncoderDecoder(torch.nn.Module):
     augment : torch.nn.Module, optional
         Feature augmentation ``(feats, rel_lens) -> (feats, rel_lens)`` applied in training
         mode only; it must keep the batch size (no ``concat_original``).
+    inter_ctc_layers : sequence of int
+        Encoder layers (1-based, below the last) whose normed outputs ``forward`` also scores with
+        ``ctc_lin`` (``inter_ctc_log_probs``: intermediate CTC). Empty: none.
 
     Example
     -------
@@ -95,7 +104,7 @@ class SpeechEncoderDecoder(torch.nn.Module):
     """
 
     def __init__(self, compute_features, normalize, frontend, transformer, ctc_lin, seq_lin,
-                 augment: Optional[torch.nn.Module] = None):
+                 augment: Optional[torch.nn.Module] = None, inter_ctc_layers: Sequence[int] = ()):
         super().__init__()
         self.compute_features = compute_features
         self.normalize = normalize
@@ -104,7 +113,9 @@ class SpeechEncoderDecoder(torch.nn.Module):
         self.transformer = transformer
         self.ctc_lin = ctc_lin
         self.seq_lin = seq_lin
+        self.inter_ctc_layers = tuple(inter_ctc_layers)
         self._check_frontend_matches_transformer()
+        self._check_inter_ctc_layers()
 
     def _check_frontend_matches_transformer(self):
         """Fail at build time, not mid-training, when the projection size is inconsistent."""
@@ -120,6 +131,28 @@ class SpeechEncoderDecoder(torch.nn.Module):
                 f"transformer's input_size is {expected}: n_mels must be divisible by the "
                 f"front-end's total stride, and input_size = n_mels / stride * out_channels"
             )
+
+    def _check_inter_ctc_layers(self):
+        """Each intermediate CTC layer must be an encoder layer below the last (which CTC reads anyway)."""
+        depth = len(self.transformer.encoder.layers)
+        wrong = [layer for layer in self.inter_ctc_layers if not (isinstance(layer, int) and 1 <= layer < depth)]
+        if wrong:
+            raise ValueError(f"inter_ctc_layers={list(self.inter_ctc_layers)}: {wrong} not an encoder layer "
+                             f"1-{depth - 1} (1-based; the last, {depth}, feeds the CTC head already), "
+                             f"e.g. [{max(1, depth // 2)}]")
+
+    @contextlib.contextmanager
+    def _encoder_layer_outputs(self):
+        """Inside the block, ``captured[layer]`` is the output of each ``inter_ctc_layers`` layer."""
+        captured, layers = {}, self.transformer.encoder.layers
+        handles = [layers[layer - 1].register_forward_hook(
+                       lambda module, args, output, layer=layer: captured.__setitem__(layer, output[0]))
+                   for layer in self.inter_ctc_layers]
+        try:
+            yield captured
+        finally:
+            for handle in handles:
+                handle.remove()
 
     def frames_per_second(self):
         """Encoder frames per second of audio (the front-end's output rate), measured on 10 s."""
@@ -158,6 +191,9 @@ class SpeechEncoderDecoder(torch.nn.Module):
     def forward(self, wavs, wav_lens, tokens_bos, epoch=None) -> EncoderDecoderOutput:
         """Teacher-forced pass: both heads' log-probs given ``tokens_bos`` ([bos] + tokens)."""
         src = self.frontend(self.extract_features(wavs, wav_lens, epoch))
-        enc_states, dec_states = self.transformer(src, tokens_bos, wav_lens, pad_idx=BLANK)
+        with self._encoder_layer_outputs() as captured:
+            enc_states, dec_states = self.transformer(src, tokens_bos, wav_lens, pad_idx=BLANK)
         seq_log_probs = torch.log_softmax(self.seq_lin(dec_states), dim=-1)
-        return EncoderDecoderOutput(self.ctc_log_probs(enc_states), seq_log_probs, enc_states)
+        inter = tuple(self.ctc_log_probs(self.transformer.encoder.norm(captured[layer]))
+                      for layer in self.inter_ctc_layers)
+        return EncoderDecoderOutput(self.ctc_log_probs(enc_states), seq_log_probs, enc_states, inter)

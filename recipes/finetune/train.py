@@ -27,7 +27,7 @@ from common.inference import load_language_model
 from common.metrics import TranscriptMetrics
 from common.models.encoder_decoder import parameter_group
 from common.models.transfer import check_same_tokenizer, load_pretrained
-from common.objectives import joint_ctc_attention_loss
+from common.objectives import check_inter_ctc, joint_ctc_attention_loss
 from common.recipe import prepare_experiment
 
 logger = logging.getLogger(__name__)
@@ -84,8 +84,9 @@ class ASR(RecipeBrain):
         losses = joint_ctc_attention_loss(
             out.ctc_log_probs, out.seq_log_probs, wav_lens, *batch.tokens, *batch.tokens_eos,
             dec_weight=self.hparams.dec_weight, label_smoothing=self.hparams.label_smoothing,
-            ignore_prefix_tokens=len(self.prefix_ids))
-        self.add_figures({term: losses[term] for term in ("ctc_loss", "nll_loss", "accuracy")})
+            ignore_prefix_tokens=len(self.prefix_ids), inter_ctc_log_probs=out.inter_ctc_log_probs,
+            inter_ctc_weight=self.hparams.inter_ctc_weight)
+        self.add_figures({term: value for term, value in losses.items() if term != "loss"})
         if stage != sb.Stage.TRAIN:
             self.score(out, wav_lens, batch, stage)
         return losses["loss"]
@@ -253,6 +254,7 @@ def build_brain(argv, brain_class=ASR):
 def main(argv):
     brain, hparams = build_brain(argv)
     check_checkpoint_key(hparams["best_checkpoint_key"])
+    check_inter_ctc(hparams["inter_ctc_weight"], len(hparams["inter_ctc_layers"]))
     if hparams["freeze_encoder_steps"] and rank_and_world_size()[1] > 1:
         raise ValueError("freeze_encoder_steps needs one process: DDP expects every parameter's gradient "
                          "in every update; set it to 0 under torchrun")

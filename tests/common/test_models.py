@@ -39,6 +39,26 @@ def test_forward_shapes_follow_the_frontend_stride():
     assert torch.allclose(model.encode(wavs, wav_lens), out.enc_states, atol=1e-5)
 
 
+def test_intermediate_ctc_reads_the_named_layer_through_the_final_norm_and_the_ctc_head():
+    """inter_ctc_layers=[1] of 2: its log-probs are ctc_lin(norm(layer 1's output)), found by running the
+    first layer by hand; no weights are added and no hook is left behind; a layer out of range is refused."""
+    wavs, wav_lens = torch.randn(2, 16000), torch.tensor([1.0, 0.5])
+    model = fit_normalization(load_graph(num_encoder_layers=2, inter_ctc_layers=[1])["model"], wavs, wav_lens)
+    out = model(wavs, wav_lens, torch.tensor([[1, 4, 5], [1, 6, 0]]))
+    transformer = model.transformer
+    assert transformer.encoder.layers[0]._forward_hooks == {}
+    layer_one = []
+    transformer.encoder.layers[0].register_forward_hook(lambda m, args, output: layer_one.append(output[0]))
+    transformer.encode(model.frontend(model.extract_features(wavs, wav_lens)), wav_lens, pad_idx=0)
+    expected = model.ctc_log_probs(transformer.encoder.norm(layer_one[0]))
+    assert len(out.inter_ctc_log_probs) == 1 and out.inter_ctc_log_probs[0].shape == out.ctc_log_probs.shape
+    assert torch.allclose(out.inter_ctc_log_probs[0], expected, atol=1e-5)
+    assert not torch.allclose(out.inter_ctc_log_probs[0], out.ctc_log_probs, atol=1e-3)
+    assert load_graph(num_encoder_layers=2)["model"].state_dict().keys() == model.state_dict().keys()
+    with pytest.raises(ValueError, match=r"inter_ctc_layers=\[2\]: \[2\] not an encoder layer 1-1"):
+        load_graph(num_encoder_layers=2, inter_ctc_layers=[2])
+
+
 def test_weight_names_are_the_documented_contract():
     """Pretrain and finetune exchange weights by these top-level names; renaming breaks that."""
     names = {".".join(key.split(".")[:2]) for key in load_graph()["model"].state_dict()}

@@ -3,7 +3,7 @@
 import pytest
 import torch
 
-from common.objectives import drop_prefix, joint_ctc_attention_loss
+from common.objectives import check_inter_ctc, drop_prefix, joint_ctc_attention_loss
 
 VOCAB = 7
 
@@ -50,6 +50,31 @@ def test_loss_is_the_weighted_sum_of_hand_computed_ctc_and_nll(batch):
     assert torch.allclose(out["ctc_loss"], hand_ctc(batch), atol=1e-5)
     assert torch.allclose(out["nll_loss"], hand_nll(batch), atol=1e-5)
     assert torch.allclose(out["loss"], 0.7 * hand_ctc(batch) + 0.3 * hand_nll(batch), atol=1e-5)
+
+
+def test_intermediate_ctc_takes_its_share_of_the_ctc_term(batch):
+    """CTC term = (1 - v) * CTC(last) + v * mean CTC(intermediate); ctc_loss still reports the last layer."""
+    generator = torch.Generator().manual_seed(1)
+    inter = [torch.randn(2, 12, VOCAB, generator=generator).log_softmax(-1) for _ in range(2)]
+    out = joint_ctc_attention_loss(**batch, dec_weight=0.3, label_smoothing=0.0,
+                                   inter_ctc_log_probs=inter, inter_ctc_weight=0.4)
+    inter_ctc = sum(hand_ctc({**batch, "ctc_log_probs": log_probs}) for log_probs in inter) / 2
+    assert torch.allclose(out["inter_ctc_loss"], inter_ctc, atol=1e-5)
+    assert torch.allclose(out["ctc_loss"], hand_ctc(batch), atol=1e-5)
+    expected = 0.7 * (0.6 * hand_ctc(batch) + 0.4 * inter_ctc) + 0.3 * hand_nll(batch)
+    assert torch.allclose(out["loss"], expected, atol=1e-5)
+
+
+def test_intermediate_ctc_weight_and_layers_come_together():
+    """A weight without layers (or layers without a weight, or a weight of 1) is refused, saying what to set."""
+    check_inter_ctc(0.0, 0)
+    check_inter_ctc(0.3, 1)
+    with pytest.raises(ValueError, match="set both"):
+        check_inter_ctc(0.3, 0)
+    with pytest.raises(ValueError, match="set both"):
+        check_inter_ctc(0.0, 2)
+    with pytest.raises(ValueError, match=r"\[0, 1\)"):
+        check_inter_ctc(1.0, 1)
 
 
 def test_dec_weight_zero_is_pure_ctc_and_one_is_pure_nll(batch):

@@ -196,3 +196,22 @@ def test_lr_scales_give_each_group_its_rate_and_zero_holds_a_group(speech_shards
         with pytest.raises(ValueError, match=message):
             train.main(train_argv(speech_shards, tokenizer_file, tmp_path / "bad", "--number_of_epochs=1",
                                   "--do_test=False", f"--lr_scales={scales}"))
+
+
+def test_intermediate_ctc_is_trained_and_logged_beside_the_last_layers_ctc(speech_shards, tokenizer_file, tmp_path):
+    """--inter_ctc_layers=[1] --inter_ctc_weight=0.5 on a 2-layer encoder: each epoch's history has the
+    intermediate layer's CTC beside the last layer's, and the train loss is their documented mix with the
+    decoder's NLL; a weight without layers is refused before training."""
+    exp = tmp_path / "exp"
+    train.main(train_argv(speech_shards, tokenizer_file, exp, "--number_of_epochs=1", "--do_test=False",
+                          "--num_encoder_layers=2", "--inter_ctc_layers=[1]", "--inter_ctc_weight=0.5"))
+    epoch = json.loads((exp / "history.json").read_text())[0]
+    dec_weight = train.build_brain(train_argv(speech_shards, tokenizer_file, tmp_path / "h"))[1]["dec_weight"]
+    figures = epoch["train"]
+    assert "inter_ctc_loss" in figures and "inter_ctc_loss" in epoch["valid"]
+    assert figures["inter_ctc_loss"] != pytest.approx(figures["ctc_loss"])
+    mixed = (1 - dec_weight) * (0.5 * figures["ctc_loss"] + 0.5 * figures["inter_ctc_loss"]) \
+        + dec_weight * figures["nll_loss"]
+    assert figures["loss"] == pytest.approx(mixed, rel=1e-3)
+    with pytest.raises(ValueError, match="set both"):
+        train.main(train_argv(speech_shards, tokenizer_file, tmp_path / "bad", "--inter_ctc_weight=0.3"))
