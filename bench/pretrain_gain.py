@@ -13,8 +13,7 @@ test) as mono text; its tokenizer (characters
 and ``<mask>``) is built from the transcripts and that text. Then recipes/finetune/train.py (small.yaml)
 trains twice on the same seeded ``--labelled-share`` of the labelled utterances (225 of 1500 at 15 %: the
 unlabelled pool is 6.7x the labelled set), with that tokenizer and the same wall-clock budget: once from
-the pretrained checkpoint (its decoder's language model at a tenth of the rate, ``--lr_scales``, unless
-``--speech-only``), once from scratch; both are tested on test_seen and test_unseen.
+the pretrained checkpoint, once from scratch; both are tested on test_seen and test_unseen.
 ``--pretrained-exp DIR`` skips pretraining and finetunes from DIR (another ``--seed``'s labelled subset).
 
 ``--corpus demo``: the demo corpus and configs (k-means units; transcripts as text, Pig Latin pairs),
@@ -46,9 +45,6 @@ CORPORA = {  # what each --corpus uses
     "open": {"data": "data/open", "pretrain_config": "hparams/small.yaml",
              "finetune_config": "recipes/finetune/hparams/small.yaml", "tests": ["test_seen", "test_unseen"]},
 }
-# A decoder pretrained as a language model keeps more of it at a tenth of the rate: on the open corpus
-# -23.7 / -16.0 % test_seen WER against scratch (seeds 1234 / 2), -16.8 / -13.5 % at the full rate.
-TEXT_PRETRAINED_FINETUNE = '--lr_scales={"language_model":0.1}'
 
 
 def parse_args(argv=None):
@@ -66,9 +62,8 @@ def parse_args(argv=None):
     parser.add_argument("--exp", help="folder of the experiments (default exp/bench_pretrain_gain[_open])")
     parser.add_argument("--seed", type=int, default=1234, help="picks the labelled subset")
     parser.add_argument("--pretrain-overrides", default="", help="extra pretrain train.py overrides")
-    parser.add_argument("--finetune-overrides", default=None,
-                        help="finetune train.py overrides for the pretrained model (default: "
-                             f"{TEXT_PRETRAINED_FINETUNE!r} on the open corpus unless --speech-only; none on the demo)")
+    parser.add_argument("--finetune-overrides", default="",
+                        help="extra finetune train.py overrides for the pretrained model (e.g. --lr_peak=0.001)")
     parser.add_argument("--pretrained-exp",
                         help="finetune from this finished pretraining experiment (its tokenizer) instead of "
                              "pretraining again: another --seed's labelled subset on the same pretrained model")
@@ -76,9 +71,6 @@ def parse_args(argv=None):
     args = parser.parse_args(argv)
     args.exp = args.exp or "exp/bench_pretrain_gain" + ("_open" if args.corpus == "open" else "")
     args.data = CORPORA[args.corpus]["data"]
-    if args.finetune_overrides is None:
-        text_lm = args.corpus == "open" and not args.speech_only  # the demo's setting was measured without it
-        args.finetune_overrides = TEXT_PRETRAINED_FINETUNE if text_lm else ""
     return args
 
 
