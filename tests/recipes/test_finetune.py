@@ -125,6 +125,17 @@ def test_every_config_builds_its_model(config, tokenizer_file):
     assert hparams["model"].seq_lin.w.out_features == 60
 
 
+def test_spec_augment_strength_set_in_the_recipe_config_reaches_the_model(tokenizer_file):
+    """time/freq_drop_count and _width, set on the finetune command line, size the model's masks
+    (a key the model graph ignored would silently leave SpecAugment at its defaults)."""
+    hparams = load_checked_hparams(os.path.join(CONFIGS, "small.yaml"), {
+        "train_parquet": "x", "valid_parquet": "x", "test_parquets": ["x"], "tokenizer_file": tokenizer_file,
+        "time_drop_count": 5, "time_drop_width": 41, "freq_drop_count": 3, "freq_drop_width": 17})
+    time_warp, time_drop, freq_drop = hparams["model"].augment.augmentations.values()
+    assert (time_drop.drop_count_high, time_drop.drop_length_high, time_drop.dim) == (5, 41, 1)
+    assert (freq_drop.drop_count_high, freq_drop.drop_length_high, freq_drop.dim) == (3, 17, 2)
+
+
 def test_run_sh_rejects_unknown_options_and_runs_only_the_chosen_stages(speech_shards, tmp_path):
     """--bogus exits 2 with the usage; --stage 1 --stop_stage 1 trains the tokenizer and nothing else,
     and with --train but no --config that is small.yaml's: characters, sized from the text."""
