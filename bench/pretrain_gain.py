@@ -64,6 +64,9 @@ def parse_args(argv=None):
     parser.add_argument("--pretrain-overrides", default="", help="extra pretrain train.py overrides")
     parser.add_argument("--finetune-overrides", default="",
                         help="extra finetune train.py overrides for the pretrained model (e.g. --lr_peak=0.001)")
+    parser.add_argument("--shared-finetune-overrides", default="",
+                        help="finetune train.py overrides for both runs, scratch and pretrained "
+                             "(e.g. --train_loader={\"speed_perturb\":null})")
     parser.add_argument("--pretrained-exp",
                         help="finetune from this finished pretraining experiment (its tokenizer) instead of "
                              "pretraining again: another --seed's labelled subset on the same pretrained model")
@@ -132,7 +135,7 @@ def finetune(args, name, parquet, tokenizer, pretrained=None):
     command = [sys.executable, "recipes/finetune/train.py", corpus["finetune_config"],
                f"--output_folder={output}", f"--tokenizer_file={tokenizer}", f"--train_parquet={parquet}",
                f"--valid_parquet={shards}/valid/metadata_pool.parquet", f"--test_parquets=[{tests}]",
-               *budget, "--noprogressbar"]
+               *budget, "--noprogressbar", *args.shared_finetune_overrides.split()]
     if pretrained:
         command += [f"--pretrained={pretrained}", *args.finetune_overrides.split()]
     seconds = run(command)

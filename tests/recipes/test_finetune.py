@@ -126,8 +126,9 @@ def test_every_config_builds_its_model(config, tokenizer_file):
 
 
 def test_spec_augment_strength_set_in_the_recipe_config_reaches_the_model(tokenizer_file):
-    """time/freq_drop_count and _width, set on the finetune command line, size the model's masks
-    (a key the model graph ignored would silently leave SpecAugment at its defaults)."""
+    """time/freq_drop_count and _width, given as overrides of small.yaml (as on the command line)
+    through its base conformer.yaml, size the model's masks (a key the model graph ignored would
+    silently leave SpecAugment at its defaults)."""
     hparams = load_checked_hparams(os.path.join(CONFIGS, "small.yaml"), {
         "train_parquet": "x", "valid_parquet": "x", "test_parquets": ["x"], "tokenizer_file": tokenizer_file,
         "time_drop_count": 5, "time_drop_width": 41, "freq_drop_count": 3, "freq_drop_width": 17})
