@@ -54,8 +54,9 @@ def config_value(python, config, key):
                           capture_output=True, text=True).stdout.strip()
 
 
-def run_tandem(data, out, minutes, python, seed):
-    """Train and test ``small.yaml`` under the budget; its results.json and history.json as one dict."""
+def run_tandem(data, out, minutes, python, seed, overrides=()):
+    """Train and test ``small.yaml`` (with train.py ``overrides``) under the budget; its results.json and
+    history.json as one dict."""
     config = "recipes/finetune/hparams/small.yaml"
     token_type, token_count = (config_value(python, config, key) for key in ("token_type", "token_count"))
     tokenizer = tokenizer_name(token_type, token_count)  # as run.sh names it
@@ -66,7 +67,7 @@ def run_tandem(data, out, minutes, python, seed):
                     f"--tokenizer_file={os.path.join(data, 'tokenizer', tokenizer + '.model')}",
                     f"--train_parquet={os.path.join(shards, 'train', POOL_PARQUET)}",
                     f"--valid_parquet={os.path.join(shards, 'valid', POOL_PARQUET)}",
-                    f"--test_parquets=[{tests}]", f"--train_minutes={minutes}", "--noprogressbar"],
+                    f"--test_parquets=[{tests}]", f"--train_minutes={minutes}", "--noprogressbar", *overrides],
                    check=True, cwd=ROOT)
     with open(os.path.join(out, "results.json")) as f:
         results = json.load(f)
@@ -111,6 +112,8 @@ def main(argv=None):
     parser.add_argument("--minutes", type=float, default=60.0, help="training budget of each system")
     parser.add_argument("--systems", nargs="+", default=["tandem", "speechbrain"], choices=["tandem", "speechbrain"])
     parser.add_argument("--seed", type=int, default=1234)
+    parser.add_argument("--tandem-overrides", default="",
+                        help="train.py overrides for small.yaml, e.g. --train_loader={\"speed_perturb\":null}")
     parser.add_argument("--json", action="store_true", help="print the rows as JSON too")
     args = parser.parse_args(argv)
     python = sys.executable
@@ -119,7 +122,7 @@ def main(argv=None):
     for system in args.systems:
         out = os.path.join(args.out, system)
         if system == "tandem":
-            rows.append(run_tandem(args.data, out, args.minutes, python, args.seed))
+            rows.append(run_tandem(args.data, out, args.minutes, python, args.seed, args.tandem_overrides.split()))
         else:
             rows.append(run_speechbrain(args.data, out, args.minutes, python, args.seed, sb_tokenizer))
     print(f"Learning benchmark: {args.minutes:g} min of training each, 2 h open corpus ({args.data}), "
