@@ -3,13 +3,16 @@
 Every run of a recipe's ``train.py`` writes ``lock.json`` in its experiment folder: the sha256 of each
 input file it reads (shard parquets, tokenizer, units, k-means model, pretrained checkpoint; a folder
 is fingerprinted by its files' names and sizes), the code commit and whether the working tree had
-changes, the versions of the packages that shape the model, the world size and loader workers.
+changes, the versions of the packages that shape the model, the world size and loader workers, and
+the config's settings (every plain value after overrides: ``settings``).
 
 When the folder already holds checkpoints, the new run compares first: a changed input stops it
 before any work, naming each change (a resumed model would otherwise continue on other data or
 another tokenizer's ids), unless ``--force_resume=True``; another world size or worker count is
 logged with how the loader replans (the next epoch's batches are planned anew; the epoch under way
-continues at its position). The lock is then rewritten for this run.
+continues at its position); a changed setting (``--number_of_epochs`` to train on, but also speed
+perturbation, masks or rates that would silently change what the resumed model learns) is logged,
+naming each value before and after. The lock is then rewritten for this run.
 """
 
 import hashlib
@@ -87,11 +90,52 @@ def package_versions():
     return versions
 
 
-def make_lock(hparams, input_keys, world_size, workers, config_file):
-    """The lock of this run (see the module docstring)."""
+def plain(value):
+    """A yaml scalar as a JSON value (ruamel's scalar types become bool / int / float / str)."""
+    if value is None or isinstance(value, bool):
+        return value
+    if isinstance(value, (int, float)):
+        return int(value) if isinstance(value, int) else float(value)
+    return str(value)
+
+
+def config_settings(values, skip=()):
+    """``{"block.key": value}`` of a config's resolved values (``common.recipe.preview_config``): plain
+    maps are walked, a list of scalars is one value; tagged nodes (``!new:``, ``!apply:`` objects, whose
+    arguments are ``!ref`` s to the settings), ``__`` keys and top-level keys in ``skip`` are left out."""
+    settings = {}
+
+    def walk(node, name):
+        if getattr(getattr(node, "tag", None), "value", None) or name.rsplit(".", 1)[-1].startswith("__"):
+            return
+        if isinstance(node, dict):
+            for key, child in node.items():
+                walk(child, f"{name}.{key}" if name else str(key))
+        elif isinstance(node, (list, tuple)) and any(isinstance(child, (dict, list, tuple)) for child in node):
+            for index, child in enumerate(node):
+                walk(child, f"{name}[{index}]")
+        elif isinstance(node, (list, tuple)):
+            settings[name] = [plain(child) for child in node]
+        else:
+            settings[name] = plain(node)
+
+    walk({key: value for key, value in values.items() if key not in skip}, "")
+    return settings
+
+
+def make_lock(hparams, input_keys, world_size, workers, config_file, settings=None):
+    """The lock of this run (see the module docstring); ``settings`` from ``config_settings``."""
     repository = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
     return {"config": config_file, "inputs": input_hashes(hparams, input_keys), "code": code_state(repository),
-            "packages": package_versions(), "world_size": world_size, "loader_workers": workers}
+            "packages": package_versions(), "world_size": world_size, "loader_workers": workers,
+            "settings": settings or {}}
+
+
+def changed_settings(old, new):
+    """Lines naming each setting whose value differs between two locks' ``settings``."""
+    missing = "(not set)"
+    return [f"{key}: {old.get(key, missing)} -> {new.get(key, missing)}"
+            for key in sorted(set(old) | set(new)) if old.get(key, missing) != new.get(key, missing)]
 
 
 def changed_inputs(old, new):
@@ -121,15 +165,16 @@ def check_and_write_lock(folder, lock, has_checkpoints, force=False, write=True,
         check_resume(old, lock, folder, force, training)
     if old is not None:
         lock = {**lock, "inputs": {**old.get("inputs", {}), **lock["inputs"]}}
-        if not training:
-            lock.update({key: old[key] for key in ("world_size", "loader_workers") if key in old})
+        if not training:  # a decoding run keeps what the checkpoints were trained with
+            lock.update({key: old[key] for key in ("world_size", "loader_workers", "settings") if key in old})
     if write:
         atomic_write_text(path, json.dumps(lock, indent=2, sort_keys=True) + "\n")
 
 
 def check_resume(old, lock, folder, force, training=True):
     """Raise ChangedInputs for changed training inputs (unless ``force``: then a warning); when
-    ``training``, log a changed world size or worker count with how the loader replans."""
+    ``training``, log changed settings, and a changed world size or worker count with how the loader
+    replans."""
     changes = changed_inputs(old, lock)
     if changes and not force:
         raise ChangedInputs(f"{folder} holds checkpoints trained on other inputs:\n  " + "\n  ".join(changes)
@@ -137,6 +182,10 @@ def check_resume(old, lock, folder, force, training=True):
                             "to continue the old model on the new inputs")
     if changes:
         logger.warning("%s=True: continuing on changed inputs: %s", FORCE_FLAG, "; ".join(changes))
+    settings = changed_settings(old.get("settings", {}), lock.get("settings", {})) if "settings" in old else []
+    if training and settings:
+        logger.warning("resuming with settings changed since the last run (the checkpoints continue "
+                       "under the new values): %s", "; ".join(settings))
     for key, what in (("world_size", "ranks"), ("loader_workers", "loader workers per rank")):
         if training and old.get(key) != lock[key]:
             logger.warning("resuming with %s %s instead of %s: the epoch under way keeps its plan position, "

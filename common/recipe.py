@@ -27,7 +27,7 @@ from hyperpyyaml import load_hyperpyyaml, resolve_references
 from hyperpyyaml.core import recursive_update
 
 from common.atomic import acquire_run_lock
-from common.lock import check_and_write_lock, make_lock, pop_force_flag
+from common.lock import EVALUATION_KEYS, check_and_write_lock, config_settings, make_lock, pop_force_flag
 
 logger = logging.getLogger(__name__)
 
@@ -223,11 +223,21 @@ def prepare_experiment(argv, input_keys=None):
     sb.utils.distributed.ddp_init_group(run_opts)
     create_output_folder(hparams, hparams_file, overrides, argv)
     if input_keys is not None:
-        lock_inputs(hparams, input_keys(hparams), argv[0], force_resume)
+        settings = lock_settings(preview_config(hparams_file, overrides), input_keys(hparams))
+        lock_inputs(hparams, input_keys(hparams), argv[0], force_resume, settings)
     return hparams, run_opts
 
 
-def lock_inputs(hparams, keys, config_file, force_resume=False):
+def lock_settings(values, input_keys):
+    """The lock's ``settings`` of previewed config ``values``: neither the inputs (hashed apart) nor
+    the paths inside the experiment folder (they move with it)."""
+    folder = str(values.get("output_folder", ""))
+    settings = config_settings(values, skip={*input_keys, *EVALUATION_KEYS, "output_folder"})
+    return {key: value for key, value in settings.items()
+            if not (folder and isinstance(value, str) and value.startswith(folder))}
+
+
+def lock_inputs(hparams, keys, config_file, force_resume=False, settings=None):
     """Write the experiment's ``lock.json`` (``common.lock``); a resume on changed training inputs stops
     here, before any work (every rank raises, so no rank waits for the others)."""
     folder = hparams["output_folder"]
@@ -235,6 +245,6 @@ def lock_inputs(hparams, keys, config_file, force_resume=False):
     has_checkpoints = os.path.isdir(save_folder) and any(name.startswith("CKPT") for name in os.listdir(save_folder))
     workers = hparams.get("num_workers", 0)
     world_size = int(os.environ.get("WORLD_SIZE", 1))
-    lock = make_lock(hparams, keys, world_size, workers, config_file)
+    lock = make_lock(hparams, keys, world_size, workers, config_file, settings)
     check_and_write_lock(folder, lock, has_checkpoints, force_resume, write=sb.utils.distributed.if_main_process(),
                          training=bool(hparams.get("do_train", True)))

@@ -5,7 +5,8 @@ import logging
 
 import pytest
 
-from common.lock import ChangedInputs, check_and_write_lock, make_lock, pop_force_flag
+from common.lock import ChangedInputs, check_and_write_lock, config_settings, make_lock, pop_force_flag
+from common.recipe import preview_config
 
 
 def lock_of(tmp_path, world_size=1, **files):
@@ -54,3 +55,30 @@ def test_the_lock_records_code_packages_and_the_force_flag_is_taken_off_the_comm
     assert lock["packages"]["torch"] and len(lock["inputs"]["tokenizer_file"]["sha256"]) == 64
     assert pop_force_flag(["x.yaml", "--force_resume=True", "--seed=1"]) == (["x.yaml", "--seed=1"], True)
     assert pop_force_flag(["x.yaml"]) == (["x.yaml"], False)
+
+
+def test_a_resume_with_changed_settings_names_each_value_and_a_decoding_run_keeps_the_trained_ones(tmp_path, caplog):
+    """The lock records the config's plain values (not the objects built from them); resuming training
+    under another speed perturbation logs the key with both values; a decoding run neither warns nor
+    replaces the settings the checkpoints were trained with."""
+    config = tmp_path / "x.yaml"
+    config.write_text("epochs: 30\nloader:\n    speed_perturb: [0.9, 1.0, 1.1]\n    filters: {max_duration: 20.0}\n"
+                      "model: !new:torch.nn.Linear\n    in_features: 2\n    out_features: 2\n")
+    folder = tmp_path / "exp"
+    folder.mkdir()
+
+    def lock_with(overrides, training=True, **kwargs):
+        settings = config_settings(preview_config(str(config), overrides))
+        check_and_write_lock(folder, make_lock({}, [], 1, 0, "x.yaml", settings), training=training, **kwargs)
+        return settings
+
+    trained = lock_with("", has_checkpoints=False)
+    assert trained == {"epochs": 30, "loader.speed_perturb": [0.9, 1.0, 1.1], "loader.filters.max_duration": 20.0}
+    with caplog.at_level(logging.WARNING):
+        lock_with("loader: {speed_perturb: null}", training=False, has_checkpoints=True)
+    assert "settings changed" not in caplog.text
+    assert json.loads((folder / "lock.json").read_text())["settings"] == trained
+    with caplog.at_level(logging.WARNING):
+        lock_with("loader: {speed_perturb: null}", has_checkpoints=True)
+    assert "loader.speed_perturb: [0.9, 1.0, 1.1] -> None" in caplog.text
+    assert "epochs" not in caplog.text.split("settings changed", 1)[1]
