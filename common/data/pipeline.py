@@ -43,8 +43,9 @@ def keep_tokens_per_second(token_counts, durations, max_tokens_per_second=float(
     return token_counts <= max_tokens_per_second * durations
 
 
-def keep_mask(durations, token_counts, filters):
-    """Combine the filters of a yaml ``filters`` block over metadata columns; log what was dropped."""
+def keep_mask(durations, token_counts, filters, fastest_speed=1.0):
+    """Combine the filters of a yaml ``filters`` block over metadata columns; log what was dropped.
+    ``max_tokens_per_second`` holds after speed perturbation's ``fastest_speed`` shortens the audio."""
     known = {"min_duration", "max_duration", "min_tokens", "max_tokens", "max_tokens_per_second"}
     unknown = set(filters) - known
     if unknown:
@@ -53,7 +54,7 @@ def keep_mask(durations, token_counts, filters):
     token_limits = {k: v for k, v in filters.items() if k in ("min_tokens", "max_tokens")}
     rate_limit = {k: v for k, v in filters.items() if k == "max_tokens_per_second"}
     keep = keep_duration(durations, **duration_limits) & keep_token_count(token_counts, **token_limits)
-    keep &= keep_tokens_per_second(token_counts, durations, **rate_limit)
+    keep &= keep_tokens_per_second(token_counts, durations / fastest_speed, **rate_limit)
     logger.info("filters %s keep %d of %d samples", filters, int(keep.sum()), len(keep))
     return keep
 

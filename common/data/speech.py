@@ -279,7 +279,8 @@ def make_speech_loader(parquets, tokenizer, config, seed=0, rank=0, world_size=1
     keep = texts_present(metadata.texts, text_field) if require_text else np.ones(len(metadata), dtype=bool)
     if config.filters:
         texts = np.array([text or "" for text in metadata.texts], dtype=object)
-        keep &= keep_mask(metadata.durations, count_tokens(tokenizer, texts) + len(prefix_ids), config.filters)
+        keep &= keep_mask(metadata.durations, count_tokens(tokenizer, texts) + len(prefix_ids), config.filters,
+                          fastest_speed=max(config.speed_perturb or [1.0]))
     metadata.shard_of_row = np.where(keep, metadata.shard_of_row, -1)
     shortest_speed = min(config.speed_perturb or [1.0])
     used = metadata.durations[metadata.shard_of_row >= 0]

@@ -40,3 +40,12 @@ def test_worker_features_match_per_utterance_features():
     assert torch.allclose(batch.feats.data[1, :frames], alone, atol=1e-4)
     assert getattr(batch, "sig", None) is None  # the waveform is not handed over as well
     assert batch.duration.tolist() == [1.0, 0.5]
+
+
+def test_the_token_rate_filter_holds_for_the_fastest_speed_perturbation():
+    """At speed 1.1 a 2 s utterance lasts 1.82 s: 4 tokens there exceed 2 tokens/s, so speed
+    perturbation's fastest factor drops it, while duration limits stay on the recording's length."""
+    durations, tokens = np.array([2.0, 2.0]), np.array([4, 3])
+    filters = {"max_tokens_per_second": 2.0, "min_duration": 1.9}
+    assert keep_mask(durations, tokens, filters).tolist() == [True, True]
+    assert keep_mask(durations, tokens, filters, fastest_speed=1.1).tolist() == [False, True]

@@ -200,3 +200,22 @@ def test_units_are_a_batch_field_and_a_sample_without_units_is_named(tone_shards
     del units[keys[0]]
     with pytest.raises(ValueError, match="have no units"):
         make_speech_loader(tone_shards, tokenizer_model, SpeechLoaderConfig(10.0), units=table)
+
+
+def test_the_token_rate_filter_counts_speed_perturbation(tone_shards, tokenizer_model):
+    """With speeds up to 1.1 the loader keeps exactly the utterances whose tokens fit the rate limit
+    in their audio shortened by 1.1: fewer than at speed 1.0 when the limit sits between the two."""
+    from common.data.pipeline import Tokenizer, count_tokens
+    metadata = read_speech_metadata(tone_shards)
+    counts = count_tokens(Tokenizer(tokenizer_model), list(metadata.texts))
+    rates = counts / metadata.durations
+    limit = float(sorted(rates)[len(rates) // 2]) * 1.05  # half the utterances near it on both sides
+
+    def kept(speeds):
+        config = SpeechLoaderConfig(12.0, speed_perturb=speeds, filters={"max_tokens_per_second": limit})
+        return set(make_speech_loader(tone_shards, tokenizer_model, config).used_keys())
+
+    at_one = {k for k, rate in zip(metadata.keys, rates) if rate <= limit}
+    at_fastest = {k for k, rate in zip(metadata.keys, rates) if rate * 1.1 <= limit}
+    assert kept(None) == at_one and kept([0.9, 1.0, 1.1]) == at_fastest
+    assert at_fastest < at_one
