@@ -34,14 +34,16 @@ demo-pretrain: setup
 	bash recipes/finetune/run.sh --data $(DEMO_DIR) --pretrained exp/pretrain_demo --exp exp/finetune_demo_pretrained
 
 # The open-vocabulary corpus (2 h of Bible sentences, 29 voices; bench/learning.py trains on it) and
-# the default recipe for a user's corpus run on it: shards, tokenizer, training, test on seen and new voices.
+# the default recipe for a user's corpus run on it: shards, tokenizer, training, an LM on the corpus's
+# text (lm_text.txt), test on seen and new voices with the LM fused.
 OPEN_DIR ?= data/open
 open-corpus: setup
 	$(PY) local/synth_corpus.py $(OPEN_DIR)/corpus --profile open
 
 open: open-corpus
 	bash recipes/finetune/run.sh --data $(OPEN_DIR) --train $(OPEN_DIR)/corpus/train.jsonl \
-		--valid $(OPEN_DIR)/corpus/dev.jsonl --test "$(OPEN_DIR)/corpus/test_seen.jsonl $(OPEN_DIR)/corpus/test_unseen.jsonl"
+		--valid $(OPEN_DIR)/corpus/dev.jsonl --test "$(OPEN_DIR)/corpus/test_seen.jsonl $(OPEN_DIR)/corpus/test_unseen.jsonl" \
+		--lm_text $(OPEN_DIR)/corpus/lm_text.txt
 
 # ruff first (pyproject.toml: the rules and the 120-character lines the code keeps), then the tests.
 test: setup

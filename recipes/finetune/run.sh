@@ -7,6 +7,7 @@
 #   bash recipes/finetune/run.sh --stage 2 --stop_stage 2 -- --max_batch_seconds=100
 #   bash recipes/finetune/run.sh --config hparams/demo_st.yaml   # speech translation of the demo
 #   bash recipes/finetune/run.sh --pretrained exp/pretrain_demo  # from recipes/pretrain/run.sh
+#   bash recipes/finetune/run.sh --train ... --lm_text my/text.txt  # + a language model fused at decoding
 #   bash recipes/finetune/run.sh --stage 2 --nproc_per_node 8 ...  # torchrun DDP over 8 GPUs (stage 3:
 #                                                         # the 8 processes decode a share each)
 #
@@ -29,13 +30,20 @@ config=""           # train.py config, relative to recipes/finetune/ or to the r
                     # hparams/demo.yaml for the demo corpus, hparams/small.yaml with --train)
 exp=""              # experiment folder (default: exp/finetune_<config name>)
 pretrained=""       # a recipes/pretrain experiment folder: start from its weights, use its tokenizer
+lm_text=""          # text of the domain (.txt / .jsonl, space-separated): stage 2 also trains recipes/lm
+                    # on it (the same tokenizer) and stage 3 decodes with it (shallow fusion)
+lm_valid=""         # held-out text for that LM (default: --valid when it is a .jsonl or .txt)
+lm_minutes=8        # the LM's training budget (on the open corpus 8 min meet the goal, 16 gain 1-2 points)
+lm_weight=1.0       # its fusion weight (1.0 measured best on the open corpus' dev; choose yours on dev)
+lm_args=""          # more recipes/lm train.py overrides, space-separated
 jobs=$(nproc)       # processes for synthesis and shard encoding
 nproc_per_node=1    # processes (GPUs) on this node: more than 1 trains and decodes under torchrun
 torchrun_args=""    # several nodes: e.g. "--nnodes=2 --rdzv_backend=c10d --rdzv_endpoint=node0:29500 --rdzv_id=x"
 python=${PYTHON:-.venv/bin/python}
 usage="Usage: $0 [--stage N] [--stop_stage N] [--data DIR] [--train PATH] [--valid PATH]
        [--test \"PATH ...\"] [--vocab_size N] [--token_type unigram|bpe|char] [--config YAML]
-       [--exp DIR] [--pretrained DIR] [--jobs N] [--nproc_per_node N] [--torchrun_args \"...\"]
+       [--exp DIR] [--pretrained DIR] [--lm_text \"FILE ...\"] [--lm_valid FILE] [--lm_minutes M]
+       [--lm_weight W] [--lm_args \"...\"] [--jobs N] [--nproc_per_node N] [--torchrun_args \"...\"]
        [-- train.py overrides]"
 . local/parse_options.sh
 . local/launch_training.sh
@@ -58,6 +66,13 @@ else
   demo=false; [ -n "$config" ] || config=hparams/small.yaml
   [ -n "$valid" ] || { echo "Error: --valid is required with --train" >&2; exit 2; }
   [ -n "$test" ] || { echo "Error: --test is required with --train" >&2; exit 2; }
+fi
+if [ -n "$lm_text" ] && [ -z "$lm_valid" ]; then
+  case "$valid" in
+    *.jsonl|*.txt) lm_valid=$valid ;;
+    *) echo "Error: --lm_text needs held-out text: give --lm_valid FILE (.txt or .jsonl; --valid $valid is neither)" >&2
+       exit 2 ;;
+  esac
 fi
 declare -A corpora=([train]=$train [valid]=$valid)
 for path in $test; do corpora[$(split_name "$path")]=$path; done
@@ -111,15 +126,26 @@ train_args=("$config" "--output_folder=$exp" "--tokenizer_file=$tokenizer"
   "--train_parquet=$(pool_parquet "$(shard_dir train "$train")")"
   "--valid_parquet=$(pool_parquet "$(shard_dir valid "$valid")")" "--test_parquets=[$test_parquets]")
 [ -z "$pretrained" ] || train_args+=("--pretrained=$pretrained")
+lm_exp=${exp}_lm
+decode_args=()
+[ -z "$lm_text" ] || decode_args=("--lm_dir=$lm_exp" "--lm_weight=$lm_weight")
 
 if [ "$stage" -le 2 ] && [ "$stop_stage" -ge 2 ]; then
   log "Stage 2: train: $(shard_dir train "$train") + $(shard_dir valid "$valid") -> $exp"
   launch_training recipes/finetune/train.py "${train_args[@]}" --do_test=False "${passthrough[@]}"
+  if [ -n "$lm_text" ]; then
+    log "Stage 2: language model: $lm_text (valid $lm_valid, $lm_minutes min) -> $lm_exp"
+    # shellcheck disable=SC2086  # lm_args: several overrides
+    bash recipes/lm/run.sh --tokenizer "$tokenizer" --data "$data" --text "$lm_text" --valid "$lm_valid" \
+      --exp "$lm_exp" --nproc_per_node "$nproc_per_node" --torchrun_args "$torchrun_args" \
+      -- "--train_minutes=$lm_minutes" $lm_args
+  fi
 fi
 
 if [ "$stage" -le 3 ] && [ "$stop_stage" -ge 3 ]; then
-  log "Stage 3: decode + score: $test_parquets -> $exp/results.json"
-  launch_training recipes/finetune/train.py "${train_args[@]}" --do_train=False "${passthrough[@]}"  # ranks split it
+  log "Stage 3: decode + score: $test_parquets${lm_text:+ with the LM $lm_exp (weight $lm_weight)} -> $exp/results.json"
+  launch_training recipes/finetune/train.py "${train_args[@]}" --do_train=False "${decode_args[@]}" \
+    "${passthrough[@]}"  # ranks split it
   $python local/results_table.py "$exp/results.json"
   log "Learning curves (loss per term, validation WER / CER, learning rate per epoch): $exp/curves.png"
 fi

@@ -1,5 +1,6 @@
 """recipes/lm: run.sh trains a language model on the tokenizer's pieces; decoding fuses it."""
 
+import json
 import os
 import re
 import subprocess
@@ -10,7 +11,7 @@ import pytest
 from common.decoding import build_beam_searcher
 from common.inference import load_language_model, load_trained
 from recipes.finetune import export, transcribe
-from tests.recipes.finetune_args import REPO
+from tests.recipes.finetune_args import REPO, TINY, data_options, run_sh
 
 TINY_LM = ["--embedding_dim=16", "--rnn_layers=1", "--rnn_neurons=32", "--dnn_neurons=32", "--warmup_steps=2",
            "--lr_peak=0.01", "--noprogressbar"]
@@ -73,3 +74,23 @@ def test_the_exported_folder_carries_the_language_model(language_model, trained,
     ours = [line.split("\t")[1] for line in capsys.readouterr().out.splitlines() if "\t" in line]
     asr = EncoderDecoderASR.from_hparams(source=str(out), savedir=str(tmp_path / "loaded"))
     assert [asr.transcribe_file(path) for path in audio] == ours
+
+
+def test_finetune_run_sh_trains_the_lm_beside_the_model_and_decodes_with_it(speech_shards, speech_corpus, tmp_path):
+    """--lm_text: stage 2 trains recipes/lm on that text with the ASR tokenizer into <exp>_lm, and
+    stage 3 loads it and decodes at --lm_weight; with shard folders as --valid and no --lm_valid the
+    run is refused before any work, naming the option."""
+    exp = tmp_path / "exp"
+    common = ["--stage", "1", "--data", str(tmp_path / "data"), "--vocab_size", "60", "--config",
+              "hparams/demo.yaml", "--exp", str(exp), *data_options(speech_shards),
+              "--lm_text", str(speech_corpus / "train.jsonl")]
+    refused = run_sh(*common, check=False)
+    assert refused.returncode == 2 and "--lm_valid" in refused.stderr and not (tmp_path / "data").exists()
+    result = run_sh(*common, "--lm_valid", str(speech_corpus / "dev.jsonl"), "--lm_weight", "0.5",
+                    "--lm_args", " ".join(["--number_of_epochs=2", *TINY_LM]), "--", "--number_of_epochs=2", *TINY)
+    lm_exp = tmp_path / "exp_lm"
+    assert "Stage 2: language model" in result.stderr and (lm_exp / "lm.ckpt").is_file()
+    assert f"language model {lm_exp}" in (exp / "log.txt").read_text()
+    decode = (exp / "command.txt").read_text().splitlines()[-1]
+    assert "--do_train=False" in decode and f"--lm_dir={lm_exp}" in decode and "--lm_weight=0.5" in decode
+    assert json.loads((exp / "results.json").read_text())["test"]["num_utterances"] == 8
