@@ -37,7 +37,7 @@ def speech_loader_report(loader, tokenizer, frames_per_second, epoch=1):
     padded = [len(rows) * metadata.durations[rows].max() for rows in batches]
     audio = sum(metadata.durations[rows].sum() for rows in batches)
     feasibility = ctc_feasibility(durations, tokens, frames_per_second,
-                                  fastest_speed=max(loader.config.speed_perturb or [1.0]))
+                                  fastest_speed=loader.config.fastest_speed)
     return {
         "utterances": int(len(metadata)), "used": int(len(durations)),
         "filtered_out": int(len(metadata) - len(durations)),

@@ -92,11 +92,10 @@ def package_versions():
 
 def plain(value):
     """A yaml scalar as a JSON value (ruamel's scalar types become bool / int / float / str)."""
-    if value is None or isinstance(value, bool):
-        return value
-    if isinstance(value, (int, float)):
-        return int(value) if isinstance(value, int) else float(value)
-    return str(value)
+    for kind in (bool, int, float):  # bool first: a bool is an int
+        if isinstance(value, kind):
+            return kind(value)
+    return None if value is None else str(value)
 
 
 def config_settings(values, skip=()):

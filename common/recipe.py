@@ -223,8 +223,8 @@ def prepare_experiment(argv, input_keys=None):
     sb.utils.distributed.ddp_init_group(run_opts)
     create_output_folder(hparams, hparams_file, overrides, argv)
     if input_keys is not None:
-        settings = lock_settings(preview_config(hparams_file, overrides), input_keys(hparams))
-        lock_inputs(hparams, input_keys(hparams), argv[0], force_resume, settings)
+        keys = input_keys(hparams)
+        lock_inputs(hparams, keys, argv[0], force_resume, lock_settings(preview_config(hparams_file, overrides), keys))
     return hparams, run_opts
 
 

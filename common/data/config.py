@@ -55,6 +55,16 @@ class SpeechLoaderConfig:
         """The dataclass of a yaml mapping, checked (see the module docstring)."""
         return _checked(cls, block, name)
 
+    @property
+    def fastest_speed(self):
+        """The largest speed factor (1.0 without speed perturbation): the shortest an utterance gets."""
+        return max(self.speed_perturb or [1.0])
+
+    @property
+    def slowest_speed(self):
+        """The smallest speed factor (1.0 without speed perturbation): the longest an utterance gets."""
+        return min(self.speed_perturb or [1.0])
+
     def __post_init__(self):
         if self.cache_audio and self.num_workers > 0:
             raise LoaderConfigError(

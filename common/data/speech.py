@@ -280,14 +280,13 @@ def make_speech_loader(parquets, tokenizer, config, seed=0, rank=0, world_size=1
     if config.filters:
         texts = np.array([text or "" for text in metadata.texts], dtype=object)
         keep &= keep_mask(metadata.durations, count_tokens(tokenizer, texts) + len(prefix_ids), config.filters,
-                          fastest_speed=max(config.speed_perturb or [1.0]))
+                          fastest_speed=config.fastest_speed)
     metadata.shard_of_row = np.where(keep, metadata.shard_of_row, -1)
-    shortest_speed = min(config.speed_perturb or [1.0])
     used = metadata.durations[metadata.shard_of_row >= 0]
-    if len(used) and used.max() / shortest_speed > config.max_batch_seconds:
+    if len(used) and used.max() / config.slowest_speed > config.max_batch_seconds:
         raise ValueError(
             f"max_batch_seconds={config.max_batch_seconds} is smaller than the longest utterance allowed "
-            f"({used.max() / shortest_speed:.2f} s after speed perturbation): raise it or lower max_duration"
+            f"({used.max() / config.slowest_speed:.2f} s after speed perturbation): raise it or lower max_duration"
         )
     features = fbank if config.fbank_in_loader else None
     if units is not None:
