@@ -55,6 +55,9 @@ def parse_args(argv):
     parser.add_argument("--lm_dir", default=None, help="a recipes/lm experiment: shallow fusion in the beam "
                         "search (default: the config's lm_dir)")
     parser.add_argument("--lm_weight", type=float, default=None, help="its weight (default: the config's)")
+    parser.add_argument("--ctc_weight", type=float, default=None,
+                        help="the CTC share of the joint score (default: the config's; with an LM, 0.6 and "
+                             "--beam 16 measured best on the open corpus)")
     return parser.parse_args(argv)
 
 
@@ -136,7 +139,8 @@ def main(argv):
     for reject in rejects:
         logger.warning("skipped %s (%s): %s: %s", reject["key"] or "-", reject["origin"], reject["reason"],
                        reject["detail"])
-    overrides = {key: getattr(args, key) for key in ("lm_dir", "lm_weight") if getattr(args, key) is not None}
+    overrides = {key: getattr(args, key) for key in ("lm_dir", "lm_weight", "ctc_weight")
+                 if getattr(args, key) is not None}
     trained = load_trained(args.exp_dir, args.device, args.tokenizer, **overrides)
     results, problems = [], []
     for first in range(0, len(entries), args.group_size):
