@@ -27,8 +27,9 @@ budgets in epochs, its test split (a held-out voice), speech and text.
 Goal: the pretrained WER at least 15 % lower (relative) than from scratch, median over the seeds. Prints
 a table per seed (WER, CER, relative WER gain vs scratch, per test split), the median gain per split and
 the commands run; with --json the last line holds every figure. On 2 quiet CPU cores, the open defaults
-(one seed): about 38 min (pretraining 7 min and the epoch it ends in: 9.3 min for text alone; each
-finetune 9 min plus its decoding: 14 min); 28 min more per further seed; 35 min on the demo.
+(one seed): 35 min measured (pretraining 7 min and the epoch it ends in: 7.6 min for text alone, 2
+epochs; each finetune 9 min plus its decoding: 13.4-13.8 min; up to ~40 on a 20 % slower machine); 27
+min more per further seed; 35 min on the demo.
 """
 
 import argparse
@@ -74,7 +75,7 @@ def parse_args(argv=None):
     parser.add_argument("--finetune-minutes", type=float, default=9.0, help="open: each finetune's budget")
     parser.add_argument("--pretrain-minutes", type=float, default=7.0,
                         help="open: pretraining's budget; it ends after the epoch that spends it (text alone: "
-                             "epochs of about 4.6 min, so 2 epochs, robust to the machine's speed)")
+                             "epochs of 3.7-4.7 min, so 2 epochs, robust to the machine's speed)")
     parser.add_argument("--modalities", choices=sorted(MODALITY_OVERRIDES),
                         help="what pretraining sees (default: text on open, speech+text on demo)")
     parser.add_argument("--speech-only", action="store_const", const="speech", dest="modalities",
