@@ -10,7 +10,12 @@ test_unseen (6 voices never heard):
 - speechbrain: ``bench/speechbrain_conformer_small.py`` (SpeechBrain's LibriSpeech conformer-small,
   scaled to the CPU budget) on the same corpus files, with a unigram-500 tokenizer of the same text.
 
-    python bench/learning.py [--minutes 60] [--systems tandem speechbrain] [--json]
+    python bench/learning.py [--minutes 60] [--systems tandem speechbrain] [--lm-minutes 8] [--json]
+
+With ``--lm-minutes M`` (the recipe's ``run.sh --lm_text``), the Tandem leg also trains ``recipes/lm``
+on the corpus's ``lm_text.txt`` (no dev or test sentence) for M minutes after the acoustic model and
+decodes a copy of it with the LM fused (``lm``, ``tandem_lm``: beam 16, CTC weight 0.6, LM weight 1.0, as
+run.sh); that row's training minutes are the two together.
 
 It prints one row per system and test split: joint beam WER / CER, greedy-CTC WER, epochs, updates
 and training minutes. Results land in ``--out`` (one folder per system, ``results.json`` each).
@@ -19,6 +24,7 @@ and training minutes. Results land in ``--out`` (one folder per system, ``result
 import argparse
 import json
 import os
+import shutil
 import subprocess
 import sys
 import time
@@ -54,29 +60,62 @@ def config_value(python, config, key):
                           capture_output=True, text=True).stdout.strip()
 
 
-def run_tandem(data, out, minutes, python, seed, overrides=()):
-    """Train and test ``small.yaml`` (with train.py ``overrides``) under the budget; its results.json and
-    history.json as one dict."""
+LM_DECODING = ["--lm_weight=1.0", "--beam_size=16", "--ctc_weight=0.6"]  # recipes/finetune/run.sh's with an LM
+
+
+def tandem_command(data, out, python, seed, overrides=()):
+    """``(train.py command of small.yaml on the open corpus, its tokenizer name)``."""
     config = "recipes/finetune/hparams/small.yaml"
     token_type, token_count = (config_value(python, config, key) for key in ("token_type", "token_count"))
     tokenizer = tokenizer_name(token_type, token_count)  # as run.sh names it
     shards = os.path.join(data, "shards")
     tests = ", ".join(os.path.join(shards, name, POOL_PARQUET) for name in TESTS)
-    started = time.time()
-    subprocess.run([python, "recipes/finetune/train.py", config, f"--output_folder={out}", f"--seed={seed}",
-                    f"--tokenizer_file={os.path.join(data, 'tokenizer', tokenizer + '.model')}",
-                    f"--train_parquet={os.path.join(shards, 'train', POOL_PARQUET)}",
-                    f"--valid_parquet={os.path.join(shards, 'valid', POOL_PARQUET)}",
-                    f"--test_parquets=[{tests}]", f"--train_minutes={minutes}", "--noprogressbar", *overrides],
-                   check=True, cwd=ROOT)
+    command = [python, "recipes/finetune/train.py", config, f"--output_folder={out}", f"--seed={seed}",
+               f"--tokenizer_file={os.path.join(data, 'tokenizer', tokenizer + '.model')}",
+               f"--train_parquet={os.path.join(shards, 'train', POOL_PARQUET)}",
+               f"--valid_parquet={os.path.join(shards, 'valid', POOL_PARQUET)}",
+               f"--test_parquets=[{tests}]", "--noprogressbar", *overrides]
+    return command, tokenizer
+
+
+def tandem_row(system, out, tokenizer, started, extra_minutes=0.0):
+    """The row of a Tandem experiment folder: its results.json and last history.json entry."""
     with open(os.path.join(out, "results.json")) as f:
         results = json.load(f)
     with open(os.path.join(out, "history.json")) as f:
         last = json.load(f)[-1]
-    return {"system": "tandem", "tokenizer": tokenizer, "epochs": last["epoch"], "updates": last["steps"],
-            "train_minutes": last["minutes"], "wall_minutes": (time.time() - started) / 60,
+    return {"system": system, "tokenizer": tokenizer, "epochs": last["epoch"], "updates": last["steps"],
+            "train_minutes": last["minutes"] + extra_minutes, "wall_minutes": (time.time() - started) / 60,
             "splits": {name: {"beam_WER": results[name]["wer"], "beam_CER": results[name]["cer"],
                               "greedy_WER": results[name]["ctc_greedy"]["wer"]} for name in TESTS}}
+
+
+def run_tandem(data, out, minutes, python, seed, overrides=()):
+    """Train and test ``small.yaml`` (with train.py ``overrides``) under the budget; its row."""
+    command, tokenizer = tandem_command(data, out, python, seed, overrides)
+    started = time.time()
+    subprocess.run([*command, f"--train_minutes={minutes}"], check=True, cwd=ROOT)
+    return tandem_row("tandem", out, tokenizer, started)
+
+
+def run_tandem_lm(data, acoustic, out, lm_minutes, python, seed, overrides=()):
+    """Train recipes/lm on the corpus's lm_text.txt for ``lm_minutes`` (into ``lm`` beside ``out``) and decode a copy
+    of the ``acoustic`` experiment with it in ``out``; its row counts both trainings' minutes."""
+    command, tokenizer = tandem_command(data, out, python, seed, overrides)
+    lm_exp, corpus = os.path.join(os.path.dirname(out), "lm"), os.path.join(data, "corpus")
+    started = time.time()
+    subprocess.run(["bash", "recipes/lm/run.sh", "--tokenizer", os.path.join(data, "tokenizer", tokenizer + ".model"),
+                    "--data", data, "--text", os.path.join(corpus, "lm_text.txt"),
+                    "--valid", os.path.join(corpus, "dev.jsonl"), "--exp", lm_exp, "--",
+                    f"--train_minutes={lm_minutes}", "--noprogressbar"], check=True, cwd=ROOT)
+    os.makedirs(out, exist_ok=True)
+    shutil.copytree(os.path.join(acoustic, "save"), os.path.join(out, "save"), dirs_exist_ok=True)
+    for name in ("hyperparams.yaml", "history.json"):
+        shutil.copy(os.path.join(acoustic, name), out)
+    subprocess.run([*command, "--do_train=False", f"--lm_dir={lm_exp}", *LM_DECODING], check=True, cwd=ROOT)
+    with open(os.path.join(lm_exp, "history.json")) as f:
+        lm_minutes_spent = json.load(f)[-1]["minutes"]
+    return tandem_row("tandem_lm", out, tokenizer, started, extra_minutes=lm_minutes_spent)
 
 
 def run_speechbrain(data, out, minutes, python, seed, tokenizer):
@@ -114,6 +153,8 @@ def main(argv=None):
     parser.add_argument("--seed", type=int, default=1234)
     parser.add_argument("--tandem-overrides", default="",
                         help="train.py overrides for small.yaml, e.g. --train_loader={\"speed_perturb\":null}")
+    parser.add_argument("--lm-minutes", type=float, default=0.0,
+                        help="also train an LM on lm_text.txt for this long and test Tandem with it (0: no LM)")
     parser.add_argument("--json", action="store_true", help="print the rows as JSON too")
     args = parser.parse_args(argv)
     python = sys.executable
@@ -123,6 +164,9 @@ def main(argv=None):
         out = os.path.join(args.out, system)
         if system == "tandem":
             rows.append(run_tandem(args.data, out, args.minutes, python, args.seed, args.tandem_overrides.split()))
+            if args.lm_minutes > 0:
+                rows.append(run_tandem_lm(args.data, out, out + "_lm", args.lm_minutes, python, args.seed,
+                                          args.tandem_overrides.split()))
         else:
             rows.append(run_speechbrain(args.data, out, args.minutes, python, args.seed, sb_tokenizer))
     print(f"Learning benchmark: {args.minutes:g} min of training each, 2 h open corpus ({args.data}), "
