@@ -6,6 +6,8 @@ Usage in a recipe::
     if __name__ == "__main__":
         hparams, run_opts = prepare_experiment(sys.argv[1:])
         brain = ASR(modules=..., hparams=hparams, run_opts=run_opts, ...)
+        ...
+        end_distributed()
 
 with ``python train.py hparams/X.yaml --key=value ...``. Config mistakes (a misspelled key,
 a ``!PLACEHOLDER`` left unset, a number given as text) stop the run before any work, with
@@ -190,6 +192,14 @@ def check_input_paths(hparams, keys):
                     f"{key}: {path} does not exist: fix --{key}=... or make it first (shards and their "
                     "parquet: local/make_shards.py; tokenizer: local/train_tokenizer.py; units: "
                     "local/extract_units.py; or the recipe's run.sh stages)")
+
+
+def end_distributed():
+    """Destroy the DDP process group, if any, before the interpreter exits: left to the exit, gloo's
+    threads can meet their destructors still running and abort the rank (``terminate called without an
+    active exception``, SIGABRT) after its work is done."""
+    if torch.distributed.is_available() and torch.distributed.is_initialized():
+        torch.distributed.destroy_process_group()
 
 
 def choose_distributed_backend(run_opts):

@@ -28,7 +28,7 @@ from common.metrics import TranscriptMetrics
 from common.models.encoder_decoder import parameter_group
 from common.models.transfer import check_same_tokenizer, load_pretrained
 from common.objectives import check_inter_ctc, joint_ctc_attention_loss
-from common.recipe import prepare_experiment
+from common.recipe import end_distributed, prepare_experiment
 
 logger = logging.getLogger(__name__)
 
@@ -278,3 +278,4 @@ def main(argv):
 
 if __name__ == "__main__":
     main(sys.argv[1:])
+    end_distributed()

@@ -23,7 +23,7 @@ from common.data import TextLoaderConfig, make_text_loader
 from common.evaluation import average_best_checkpoints
 from common.inference import LM_CHECKPOINT
 from common.models.transfer import TOKENIZER_COPY
-from common.recipe import prepare_experiment
+from common.recipe import end_distributed, prepare_experiment
 
 
 class LanguageModel(RecipeBrain):
@@ -87,3 +87,4 @@ def main(argv):
 
 if __name__ == "__main__":
     main(sys.argv[1:])
+    end_distributed()

@@ -46,7 +46,7 @@ from common.data_report import REPORT_FILE
 from common.masking import mask_spans
 from common.models.pretraining import LM_TASK, check_text_task
 from common.objectives import masked_unit_loss, sequence_loss
-from common.recipe import prepare_experiment
+from common.recipe import end_distributed, prepare_experiment
 from common.text_noising import TextNoiser, ordinary_piece_ids
 
 logger = logging.getLogger(__name__)
@@ -270,3 +270,4 @@ def main(argv):
 
 if __name__ == "__main__":
     main(sys.argv[1:])
+    end_distributed()
