@@ -63,8 +63,10 @@ def parse_args(argv=None):
         description="Turn a corpus into WebDataset shards (16 kHz mono Opus + json) and a metadata "
         "parquet. Rerunning the same command resumes.",
         formatter_class=argparse.ArgumentDefaultsHelpFormatter)
-    parser.add_argument("input", help="a .jsonl or .tsv manifest, a Kaldi data folder, or a folder of "
-                        "audio files with same-named .txt transcripts")
+    parser.add_argument("input", help="a .jsonl or .tsv manifest, a WeNet / CosyVoice data.list, a Common "
+                        "Voice TSV (clips/ beside it), a Kaldi data folder, a LibriSpeech-style folder, a folder "
+                        "of audio files with same-named .txt transcripts, or a Hugging Face dataset saved as "
+                        "parquet (a .parquet file or a folder of them)")
     parser.add_argument("out_dir", help="folder for the shards and parquets (created)")
     parser.add_argument("--format", default="auto", choices=("auto",) + FORMATS,
                         help="input layout; auto detects it from INPUT")
