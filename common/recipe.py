@@ -30,8 +30,9 @@ import torch
 from hyperpyyaml import load_hyperpyyaml, resolve_references
 from hyperpyyaml.core import recursive_update
 
-from common.atomic import acquire_run_lock, atomic_write_text
-from common.lock import EVALUATION_KEYS, check_and_write_lock, config_settings, make_lock, pop_force_flag
+from common.atomic import atomic_write_text
+from common.fingerprint import EVALUATION_KEYS, check_and_write_lock, config_settings, make_lock, pop_force_flag
+from common.process_lock import acquire_process_lock
 
 logger = logging.getLogger(__name__)
 
@@ -216,7 +217,7 @@ def create_output_folder(hparams, hparams_file, overrides, argv):
     folder = hparams["output_folder"]
     sb.create_experiment_directory(folder, overrides=overrides)
     if sb.utils.distributed.if_main_process():
-        acquire_run_lock(folder)
+        acquire_process_lock(folder)
         save_resolved_config(hparams_file, overrides, os.path.join(folder, "hyperparams.yaml"))
         with open(os.path.join(folder, "command.txt"), "a", encoding="utf-8") as f:
             f.write(shlex.join(["python", sys.argv[0], *argv]) + "\n")
@@ -298,7 +299,7 @@ def lock_settings(values, input_keys):
 
 
 def lock_inputs(hparams, keys, config_file, force_resume=False, settings=None):
-    """Write the experiment's ``lock.json`` (``common.lock``); a resume on changed training inputs stops
+    """Write the experiment's ``lock.json`` (``common.fingerprint``); a resume on changed training inputs stops
     here, before any work (every rank raises, so no rank waits for the others)."""
     folder = hparams["output_folder"]
     save_folder = hparams.get("save_folder", os.path.join(folder, "save"))

@@ -19,7 +19,7 @@ import tarfile
 
 import pyarrow.compute
 
-from common.audio import SAMPLE_RATE, decode_opus
+from common.audio_io import SAMPLE_RATE, decode_opus
 from common.parallel import process_pool
 from common.shard_format import CORE_PARQUET, METADATA_SCHEMA, POOL_PARQUET, read_metadata
 

@@ -17,7 +17,7 @@ import os
 import sys
 
 from common.data import SpeechLoaderConfig, Tokenizer, make_speech_loader
-from common.data_report import speech_loader_report, write_report
+from common.data.report import speech_loader_report, write_report
 from common.shard_format import POOL_PARQUET
 
 

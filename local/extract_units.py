@@ -40,7 +40,7 @@ import pyarrow as pa
 import pyarrow.parquet as pq
 
 from common.atomic import atomic_path, atomic_write_text, remove_temporaries
-from common.data.audio import BadDataCounts, decoded_audio
+from common.data.shard_audio import BadDataCounts, decoded_audio
 from common.data.units import KMEANS_CENTERS, KMEANS_JSON, UNITS_PARQUET, UNITS_SCHEMA, read_kmeans_info
 from common.parallel import process_pool
 from common.shard_format import read_metadata

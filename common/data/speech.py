@@ -16,11 +16,11 @@ import numpy as np
 import torch
 from torch.utils.data import DataLoader, IterableDataset, get_worker_info
 
-from common.data.audio import BadDataCounts, choose_speeds, decode_member, speed_perturb, wanted_members
 from common.data.config import SpeechLoaderConfig
 from common.data.metadata import read_speech_metadata
 from common.data.pipeline import Tokenizer, collate, count_tokens, keep_mask, speech_sample
 from common.data.planning import SlotPlan, batches_to_skip, plan_epoch
+from common.data.shard_audio import BadDataCounts, choose_speeds, decode_member, speed_perturb, wanted_members
 from common.data.stream import BatchStream
 from common.shard_format import is_unlabelled
 

@@ -27,13 +27,8 @@ import torch
 
 from common.atomic import atomic_path, atomic_write_text
 from common.data import Tokenizer, vocab_size
-from common.inference import (
-    averaged_checkpoint,
-    decoding_settings,
-    graph_yaml,
-    load_language_model,
-    read_config_tree,
-)
+from common.inference import averaged_checkpoint, decoding_settings, load_language_model
+from common.models.experiment import graph_yaml, read_config_tree
 from common.tokens import BLANK, BOS, EOS
 
 # The graph's modules with a state (weights, filterbank buffers), named as SpeechEncoderDecoder saves them.

@@ -41,8 +41,8 @@ from common.data import (
     make_text_loader,
     speech_input,
 )
+from common.data.report import REPORT_FILE
 from common.data.units import read_units, units_at_frames
-from common.data_report import REPORT_FILE
 from common.masking import mask_spans
 from common.models.pretraining import LM_TASK, check_text_task
 from common.objectives import masked_unit_loss, sequence_loss

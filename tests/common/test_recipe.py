@@ -6,7 +6,8 @@ import subprocess
 
 import pytest
 
-from common.recipe import ConfigError, acquire_run_lock, last_override_wins, load_checked_hparams, prepare_experiment
+from common.process_lock import acquire_process_lock
+from common.recipe import ConfigError, last_override_wins, load_checked_hparams, prepare_experiment
 
 CONFIG = """\
 output_folder: !ref <exp_root>/demo
@@ -85,11 +86,11 @@ def test_run_lock_refuses_a_live_holder_and_takes_over_a_dead_one(tmp_path):
     try:
         (tmp_path / "run.lock").write_text(str(live.pid))
         with pytest.raises(RuntimeError, match=f"in use by process {live.pid}"):
-            acquire_run_lock(str(tmp_path))
+            acquire_process_lock(str(tmp_path))
     finally:
         live.kill()
         live.wait()
-    acquire_run_lock(str(tmp_path))
+    acquire_process_lock(str(tmp_path))
     assert (tmp_path / "run.lock").read_text() == str(os.getpid())
 
 

@@ -1,11 +1,11 @@
-"""common/lock.py: lock.json records the inputs; a resume on changed training inputs stops."""
+"""common/fingerprint.py: lock.json records the inputs; a resume on changed training inputs stops."""
 
 import json
 import logging
 
 import pytest
 
-from common.lock import ChangedInputs, check_and_write_lock, config_settings, make_lock, pop_force_flag
+from common.fingerprint import ChangedInputs, check_and_write_lock, config_settings, make_lock, pop_force_flag
 from common.recipe import preview_config
 
 

@@ -1,9 +1,9 @@
-"""common/data_report.py and local/data_report.py: the report is the loader's own plan."""
+"""common/data/report.py and local/data_report.py: the report is the loader's own plan."""
 
 import os
 
 from common.data import SpeechLoaderConfig, Tokenizer, make_speech_loader
-from common.data_report import speech_loader_report, write_report
+from common.data.report import speech_loader_report, write_report
 from local import data_report
 
 
