@@ -186,6 +186,11 @@ class SpeechLoader(BatchStream):
             self._plans = {epoch: (self.rank_share(plan), speeds)}
         return self._plans[epoch]
 
+    def planned_durations(self, epoch):
+        """Seconds of each metadata row as ``epoch`` reads it (its duration over the epoch's speed): what the
+        plan batches under ``max_batch_seconds``, and what the data report counts."""
+        return self.metadata.durations / self.plan(epoch)[1]
+
     def rank_share(self, plan):
         """This rank's slots: its own shards' (``share="shards"``), or every ``world_size``-th batch of
         the one-rank plan (``share="batches"``: evaluation, where a single shard still splits)."""
@@ -216,7 +221,8 @@ class SpeechLoader(BatchStream):
         self.bad_data = sum((Counter(c) for c in last_counts.values()), Counter())
 
     def end_epoch(self, epoch):
-        audio = sum(self.metadata.durations[b].sum() for slot in self.plan(epoch)[0] for b in slot.batches)
+        durations = self.planned_durations(epoch)
+        audio = sum(durations[b].sum() for slot in self.plan(epoch)[0] for b in slot.batches)
         logger.info("%s loader, epoch %d rank %d: %d batches, %.1f s audio, skipped data %s", self.name, epoch,
                     self.rank, self.batches_in_epoch(epoch), audio, dict(self.bad_data) or "none")
 
