@@ -31,7 +31,14 @@ from hyperpyyaml import load_hyperpyyaml, resolve_references
 from hyperpyyaml.core import recursive_update
 
 from common.atomic import atomic_write_text
-from common.fingerprint import EVALUATION_KEYS, check_and_write_lock, config_settings, make_lock, pop_force_flag
+from common.fingerprint import (
+    EVALUATION_KEYS,
+    check_and_write_lock,
+    config_settings,
+    make_lock,
+    pop_force_flag,
+    read_lock,
+)
 from common.process_lock import acquire_process_lock
 
 logger = logging.getLogger(__name__)
@@ -306,6 +313,6 @@ def lock_inputs(hparams, keys, config_file, force_resume=False, settings=None):
     has_checkpoints = os.path.isdir(save_folder) and any(name.startswith("CKPT") for name in os.listdir(save_folder))
     workers = hparams.get("num_workers", 0)
     world_size = int(os.environ.get("WORLD_SIZE", 1))
-    lock = make_lock(hparams, keys, world_size, workers, config_file, settings)
+    lock = make_lock(hparams, keys, world_size, workers, config_file, settings, previous=read_lock(folder))
     check_and_write_lock(folder, lock, has_checkpoints, force_resume, write=sb.utils.distributed.if_main_process(),
                          training=bool(hparams.get("do_train", True)))
