@@ -24,6 +24,7 @@ import os
 import subprocess
 
 from common.atomic import atomic_write_text
+from common.user_errors import UserError
 
 logger = logging.getLogger(__name__)
 
@@ -33,7 +34,7 @@ FORCE_FLAG = "--force_resume"
 EVALUATION_KEYS = ("test_parquets", "lm_dir")  # what only decoding reads: free to change between runs
 
 
-class ChangedInputs(RuntimeError):
+class ChangedInputs(UserError, RuntimeError):
     """A resume whose inputs differ from the ones the experiment's checkpoints were trained on."""
 
 

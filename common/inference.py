@@ -27,6 +27,7 @@ from common.data import Tokenizer, vocab_size
 from common.decoding import beam_search, build_beam_searcher, ctc_greedy, ids_to_text
 from common.models.experiment import graph_yaml, read_config_tree
 from common.models.transfer import TOKENIZER_COPY
+from common.user_errors import UserValueError
 
 logger = logging.getLogger(__name__)
 
@@ -126,8 +127,8 @@ def load_language_model(lm_dir, tokenizer_file, device="cpu"):
     in ``lm.ckpt``), in eval mode; raises when it was trained on another tokenizer's pieces."""
     copy = os.path.join(lm_dir, TOKENIZER_COPY)
     if not os.path.isfile(copy) or not filecmp.cmp(copy, tokenizer_file, shallow=False):
-        raise ValueError(f"the language model {lm_dir} was not trained with {tokenizer_file} (its copy "
-                         f"{copy} differs or is missing): train it with --tokenizer_file={tokenizer_file}")
+        raise UserValueError(f"the language model {lm_dir} was not trained with {tokenizer_file} (its copy "
+                             f"{copy} differs or is missing): train it with --tokenizer_file={tokenizer_file}")
     path = os.path.join(lm_dir, LM_CHECKPOINT)
     if not os.path.isfile(path):
         raise FileNotFoundError(f"{path} is missing: recipes/lm/train.py writes it when training ends")

@@ -6,7 +6,13 @@ Not to be confused with ``lock.json`` (``common.fingerprint``), the record of an
 import atexit
 import os
 
+from common.user_errors import UserError
+
 PROCESS_LOCK_FILE = "run.lock"  # the pid of the process writing the folder
+
+
+class FolderInUse(UserError, RuntimeError):
+    """The folder is being written by another live process."""
 
 
 def acquire_process_lock(folder):
@@ -22,7 +28,7 @@ def acquire_process_lock(folder):
     except (FileNotFoundError, ValueError, ProcessLookupError):
         holder = None
     if holder is not None and holder != os.getpid():
-        raise RuntimeError(
+        raise FolderInUse(
             f"{folder} is in use by process {holder} ({path}): wait for it to finish, "
             "or give another folder (output_folder of a recipe)"
         )

@@ -40,6 +40,7 @@ from common.fingerprint import (
     read_lock,
 )
 from common.process_lock import acquire_process_lock
+from common.user_errors import UserValueError
 
 logger = logging.getLogger(__name__)
 
@@ -47,7 +48,7 @@ BASE_KEY = "base_config"  # a derived config names its base (relative path) and 
 SIZE_KEY = "model_size"  # a config names its model-size file (relative path): its keys stand in its place
 
 
-class ConfigError(ValueError):
+class ConfigError(UserValueError):
     """A problem in the yaml config or its command-line overrides; the message says the fix."""
 
 

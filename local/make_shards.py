@@ -53,6 +53,7 @@ from common.shard_format import (
     sample_json,
     write_metadata,
 )
+from common.user_errors import run_command
 
 logger = logging.getLogger("make_shards")
 PARTS = ".parts"
@@ -330,4 +331,4 @@ def report(summary):
 
 
 if __name__ == "__main__":
-    main()
+    run_command(main)

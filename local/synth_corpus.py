@@ -38,6 +38,7 @@ from common.atomic import atomic_write_text
 from common.audio_io import SAMPLE_RATE, to_mono_rate
 from common.parallel import process_pool
 from common.process_lock import acquire_process_lock
+from common.user_errors import run_command
 from local import acoustics, open_corpus
 from local.voices import check_engines
 
@@ -272,4 +273,4 @@ def remove_temporaries(out_dir, folders):
 
 
 if __name__ == "__main__":
-    main()
+    run_command(main)

@@ -23,6 +23,7 @@ from common.data.planning import SlotPlan, batches_to_skip, plan_epoch
 from common.data.shard_audio import BadDataCounts, choose_speeds, decode_member, speed_perturb, wanted_members
 from common.data.stream import BatchStream
 from common.shard_format import is_unlabelled
+from common.user_errors import UserValueError
 
 logger = logging.getLogger(__name__)
 
@@ -276,7 +277,7 @@ def make_speech_loader(parquets, tokenizer, config, seed=0, rank=0, world_size=1
     """
     config = SpeechLoaderConfig.from_config(config)
     if config.fbank_in_loader and fbank is None:
-        raise ValueError("fbank_in_loader: True needs the model's feature extractor: pass fbank=...")
+        raise UserValueError("fbank_in_loader: True needs the model's feature extractor: pass fbank=...")
     tokenizer = tokenizer if isinstance(tokenizer, Tokenizer) else Tokenizer(tokenizer)
     if require_text:
         refuse_unlabelled(parquets)
@@ -290,7 +291,7 @@ def make_speech_loader(parquets, tokenizer, config, seed=0, rank=0, world_size=1
     metadata.shard_of_row = np.where(keep, metadata.shard_of_row, -1)
     used = metadata.durations[metadata.shard_of_row >= 0]
     if len(used) and used.max() / config.slowest_speed > config.max_batch_seconds:
-        raise ValueError(
+        raise UserValueError(
             f"max_batch_seconds={config.max_batch_seconds} is smaller than the longest utterance allowed "
             f"({used.max() / config.slowest_speed:.2f} s after speed perturbation): raise it or lower max_duration"
         )
@@ -308,7 +309,7 @@ def refuse_unlabelled(parquets):
     """ValueError naming the first untranscribed shard folder among ``parquets``."""
     for path in [parquets] if isinstance(parquets, (str, os.PathLike)) else parquets:
         if is_unlabelled(path):
-            raise ValueError(
+            raise UserValueError(
                 f"{os.path.dirname(os.path.abspath(path))} holds untranscribed speech (made with "
                 "local/make_shards.py --unlabelled): a model trained on transcripts cannot use it. Give it to "
                 "recipes/pretrain (--train), or shard the corpus again without --unlabelled, with its transcripts")

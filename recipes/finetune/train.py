@@ -29,6 +29,7 @@ from common.models.encoder_decoder import parameter_group
 from common.models.transfer import check_same_tokenizer, load_pretrained
 from common.objectives import check_inter_ctc, joint_ctc_attention_loss
 from common.recipe import end_distributed, prepare_experiment
+from common.user_errors import run_command
 
 logger = logging.getLogger(__name__)
 
@@ -277,5 +278,4 @@ def main(argv):
 
 
 if __name__ == "__main__":
-    main(sys.argv[1:])
-    end_distributed()
+    run_command(main, sys.argv[1:], cleanup=end_distributed)

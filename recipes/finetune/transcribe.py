@@ -38,6 +38,7 @@ from common.corpora.readers import (
 )
 from common.inference import length_batches, load_trained, split_at_silences
 from common.metrics import TranscriptMetrics
+from common.user_errors import run_command
 
 logger = logging.getLogger("transcribe")
 
@@ -176,4 +177,4 @@ def main(argv):
 
 
 if __name__ == "__main__":
-    sys.exit(main(sys.argv[1:]))
+    run_command(main, sys.argv[1:])
