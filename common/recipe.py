@@ -285,9 +285,9 @@ def prepare_experiment(argv, input_keys=None):
     group when launched by torchrun, creates the experiment folder. Returns ``(hparams, run_opts)``
     for ``sb.Brain``."""
     argv, force_resume = pop_force_flag(argv)
-    hparams_file, run_opts, overrides = sb.parse_arguments(last_override_wins(argv))
-    hparams_file, overrides = resolve_derived_config(hparams_file, overrides)
-    hparams = load_checked_hparams(hparams_file, overrides, input_keys)
+    config_file, run_opts, command_line = sb.parse_arguments(last_override_wins(argv))
+    hparams = load_checked_hparams(config_file, command_line, input_keys)  # errors name the config given
+    hparams_file, overrides = resolve_derived_config(config_file, command_line)
     run_opts = choose_distributed_backend(run_opts)
     sb.utils.distributed.ddp_init_group(run_opts)
     create_output_folder(hparams, hparams_file, overrides, argv)

@@ -23,7 +23,8 @@ def test_a_mistyped_key_prints_one_error_line_with_the_hint_and_no_traceback():
     result = command("recipes/finetune/train.py", "recipes/finetune/hparams/small.yaml", "--lr_peek=0.1")
     assert result.returncode == 2
     assert result.stderr.strip().splitlines() == [
-        'error: "lr_peek" is not a key of recipes/finetune/hparams/conformer.yaml. Did you mean "lr_peak"?']
+        'error: "lr_peek" is not a key of recipes/finetune/hparams/conformer.yaml (the base of '
+        'recipes/finetune/hparams/small.yaml). Did you mean "lr_peak"?']
     assert "Traceback" not in result.stdout + result.stderr
     debug = command("recipes/finetune/train.py", "recipes/finetune/hparams/small.yaml", "--lr_peek=0.1", debug=True)
     assert debug.returncode == 1 and "Traceback" in debug.stderr and "ConfigError" in debug.stderr
