@@ -38,9 +38,11 @@ import subprocess
 import numpy as np
 import soundfile as sf
 
-from common.atomic import acquire_run_lock, atomic_write_text
-from common.audio import SAMPLE_RATE, to_mono_rate
+from common.atomic import atomic_write_text
+from common.audio_io import SAMPLE_RATE, to_mono_rate
 from common.parallel import process_pool
+from common.process_lock import acquire_process_lock
+from common.user_errors import run_command
 from local import acoustics, open_corpus
 from local.voices import check_engines
 
@@ -241,7 +243,7 @@ def main(argv=None):
     logging.basicConfig(level=logging.INFO, format="%(asctime)s %(name)s: %(message)s")
     args = parse_args(argv)
     os.makedirs(args.out_dir, exist_ok=True)
-    acquire_run_lock(args.out_dir)  # a second run at once would delete this one's temporaries
+    acquire_process_lock(args.out_dir)  # a second run at once would delete this one's temporaries
     plan = plan_utterances(args)
     check_engines({f"espeak:{u['voice']}" if args.profile == "demo" else u["voice"] for u in plan})
     if args.profile == "open":
@@ -302,4 +304,4 @@ def remove_temporaries(out_dir, folders):
 
 
 if __name__ == "__main__":
-    main()
+    run_command(main)

@@ -55,10 +55,6 @@ usage="Usage: $0 [--stage N] [--stop_stage N] [--data DIR] [--train PATH] [--val
 # spinning OpenMP threads of two processes starve each other (a demo training step measured 3 instead
 # of 135 audio-s/s beside another training job). Alone, spinning is ~2x faster, hence not the default.
 
-# shard_dir NAME PATH: where the shards of a corpus live (PATH itself when it is a shard folder).
-shard_dir() {
-  if is_shard_dir "$2"; then echo "$2"; else echo "$data/shards/$1"; fi
-}
 # split_name PATH: a short name for a corpus, from its file or folder name.
 split_name() { local base; base=$(basename "$1"); echo "${base%.*}"; }
 
@@ -81,19 +77,9 @@ declare -A corpora=([train]=$train [valid]=$valid)
 for path in $test; do corpora[$(split_name "$path")]=$path; done
 
 if [ "$stage" -le 0 ] && [ "$stop_stage" -ge 0 ]; then
-  if $demo; then
-    log "Stage 0: data: synthesize the demo corpus -> $data/corpus"
-    $python local/synth_corpus.py "$data/corpus" --jobs "$jobs"
-  fi
-  for name in "${!corpora[@]}"; do
-    path=${corpora[$name]}
-    out=$(shard_dir "$name" "$path")
-    if [ "$out" != "$path" ]; then
-      log "Stage 0: data: shard $name: $path -> $out"
-      $python local/make_shards.py "$path" "$out" --jobs "$jobs" --prefix "$name" --shard-size 64 --rebuild
-    fi
-    $python local/check_shards.py "$out" --jobs "$jobs"
-  done
+  splits=()
+  for name in "${!corpora[@]}"; do splits+=("$name=${corpora[$name]}"); done
+  bash local/prepare_speech.sh --data "$data" --demo "$demo" --jobs "$jobs" -- "${splits[@]}"
 fi
 
 [ -f "$config" ] || config=recipes/finetune/$config

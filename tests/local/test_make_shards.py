@@ -13,7 +13,7 @@ import pyarrow.parquet as pq
 import pytest
 import soundfile as sf
 
-from common.audio import decode_opus
+from common.audio_io import decode_opus
 from common.shard_format import METADATA_SCHEMA
 from local import make_shards
 from local.check_shards import check_folder
