@@ -95,3 +95,6 @@ def test_the_pseudo_labelled_parquet_is_read_beside_the_labelled_one(make_shard_
     assert len(metadata) == 6 and texts["utt00004"] == "pseudo four"
     assert all(os.path.isfile(path) for path in metadata.shard_paths)
     assert dict(parquet_audio([out])).keys() == {"utt00001", "utt00004"}
+    nothing = tmp_path / "none" / "metadata_pool.parquet"  # no hypothesis passed the threshold
+    assert write_pseudo_parquet([pool], {}, str(nothing)) == []
+    assert len(read_speech_metadata([labelled / "metadata_pool.parquet", nothing])) == 4
