@@ -59,7 +59,7 @@ def read_table(parquet_paths, columns):
     for path in paths:
         table = pq.read_table(path, columns=columns)
         shard_dir = str(path.resolve().parent)
-        shard_paths = pa.array([f"{shard_dir}/{name}" for name in table["shard_name"].to_pylist()])
+        shard_paths = pa.array([f"{shard_dir}/{name}" for name in table["shard_name"].to_pylist()], pa.string())
         tables.append(table.append_column("shard_path", shard_paths))
     return pa.concat_tables(tables)
 
