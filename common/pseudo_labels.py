@@ -39,12 +39,13 @@ import torch
 from speechbrain.utils.edit_distance import wer_details_for_batch
 
 from common.atomic import atomic_path, atomic_write_text
-from common.audio import SAMPLE_RATE
-from common.data.audio import BadDataCounts, decoded_audio
+from common.audio_io import SAMPLE_RATE
 from common.data.metadata import read_table
+from common.data.shard_audio import BadDataCounts, decoded_audio
 from common.decoding import ids_to_text
 from common.inference import length_batches, pad_waveforms
 from common.shard_format import POOL_PARQUET, write_metadata
+from common.user_errors import UserValueError
 
 logger = logging.getLogger(__name__)
 
@@ -185,7 +186,7 @@ def choose_threshold(dev, references, target_wer=None, wer_ratio=DEFAULT_WER_RAT
     least ``min_share`` of it) whose WER is at most ``target_wer`` % (default ``wer_ratio`` x dev WER)."""
     dev = [s for s in dev if s.key in references]
     if not dev:
-        raise ValueError("no dev hypothesis has a reference: decode the dev split with its transcripts")
+        raise UserValueError("no dev hypothesis has a reference: decode the dev split with its transcripts")
     ranked = sorted(dev, key=lambda s: -s.score)
     details = wer_details_for_batch([s.key for s in ranked], [references[s.key].split() for s in ranked],
                                     [s.text.split() for s in ranked])

@@ -45,6 +45,7 @@ from common.pseudo_labels import (
     write_scored,
 )
 from common.shard_format import POOL_PARQUET
+from common.user_errors import run_command
 
 logger = logging.getLogger("pseudo_label")
 SUMMARY = "threshold.json"
@@ -123,4 +124,4 @@ def main(argv):
 
 
 if __name__ == "__main__":
-    sys.exit(main(sys.argv[1:]))
+    run_command(main, sys.argv[1:])
