@@ -335,3 +335,18 @@ def test_unit_decoder_masked_paired_text_and_transcribed_speech_train_together(p
     sources.clear()
     train.main(args + [f"--output_folder={tmp_path / 'plain'}", "--text_task=lm"])
     assert sources and not any(bool((src == mask_id).any()) for src in sources)  # paired sources unmasked
+
+
+def test_the_probe_bench_reports_every_layer_of_the_trained_and_the_scratch_encoder(pretrained, speech_shards,
+                                                                                    capsys):
+    """bench/probe.py on the pretrained demo experiment: one CER row per layer (input projection + each
+    encoder layer) for the trained and the scratch encoder, in the table and the JSON line."""
+    from bench import probe
+
+    dev = f"{speech_shards['dev']}/metadata_pool.parquet"
+    probe.main(["--exp", str(pretrained), "--train", dev, "--dev", dev, "--scratch", "--updates", "3",
+                "--max-utterances", "6", "--json"])
+    figures = json.loads(capsys.readouterr().out.strip().splitlines()[-1])
+    assert [(row["encoder"], row["layer"]) for row in figures["layers"]] == [
+        (name, layer) for name in ("trained", "scratch") for layer in (0, 1)]  # the tiny model: 1 layer
+    assert all(0.0 <= row["cer"] and row["cer_ci"][0] <= row["cer"] <= row["cer_ci"][1] for row in figures["layers"])
