@@ -188,7 +188,8 @@ def main(argv=None):
                  for layer, cer in enumerate(cers)]
     print("| encoder | layer | dev CER % | 95 % interval |\n|---|---|---|---|")
     for row in rows:
-        print(f"| {row['encoder']} | {row['layer']} | {row['cer']:.1f} | {row['cer_ci'][0]:.1f}-{row['cer_ci'][1]:.1f} |")
+        low, high = row["cer_ci"]
+        print(f"| {row['encoder']} | {row['layer']} | {row['cer']:.1f} | {low:.1f}-{high:.1f} |")
     if args.json:
         print(json.dumps({"exp": args.exp, "updates": args.updates, "layers": rows}))
 
