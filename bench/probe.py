@@ -148,9 +148,11 @@ def probe_layers(train_layers, train_tokens, dev_layers, dev_refs, decode, vocab
     return results
 
 
-def labelled_loader(parquet, tokenizer, max_utterances):
-    config = SpeechLoaderConfig(max_batch_seconds=120.0, max_batch_size=16)
-    loader = make_speech_loader(parquet, tokenizer, config, share="batches")
+def labelled_loader(parquet, tokenizer, max_utterances=0, units=None):
+    """Every utterance of ``parquet`` with its tokens (and ``units``) in batches of up to 16, or a seeded
+    random ``max_utterances`` of them."""
+    loader = make_speech_loader(parquet, tokenizer, SpeechLoaderConfig(max_batch_seconds=120.0, max_batch_size=16),
+                                share="batches", units=units)
     if max_utterances:
         used = loader.used_rows()
         keep = np.zeros(len(loader.metadata), dtype=bool)

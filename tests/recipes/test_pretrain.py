@@ -350,3 +350,36 @@ def test_the_probe_bench_reports_every_layer_of_the_trained_and_the_scratch_enco
     assert [(row["encoder"], row["layer"]) for row in figures["layers"]] == [
         (name, layer) for name in ("trained", "scratch") for layer in (0, 1)]  # the tiny model: 1 layer
     assert all(0.0 <= row["cer"] and row["cer_ci"][0] <= row["cer"] <= row["cer_ci"][1] for row in figures["layers"])
+
+
+def test_the_unit_quality_bench_scores_kmeans_units_against_aligned_characters(trained, pretrain_data,
+                                                                               speech_shards, capsys):
+    """bench/unit_quality.py with a finetuned aligner and the dev split's k-means units: one row of
+    purities and PNMI in [0, 1] over the aligned frames, in the table and the JSON line."""
+    from bench import unit_quality
+
+    unit_quality.main(["--aligner", str(trained), "--parquet", f"{speech_shards['dev']}/metadata_pool.parquet",
+                       "--units", str(pretrain_data["valid_units"]), "--json"])
+    figures = json.loads(capsys.readouterr().out.strip().splitlines()[-1])["codes"]["kmeans"]
+    assert figures["frames"] > 0
+    assert all(0.0 <= figures[name] <= 1.0 + 1e-9 for name in ("label_purity", "code_purity", "pnmi"))
+
+
+def test_the_unit_quality_bench_scores_the_codes_of_a_bestrq_experiment(trained, pretrain_data, speech_shards,
+                                                                         tmp_path, capsys):
+    """--bestrq EXP: the experiment's saved projection and codebook give its codes (the Fbank of its own
+    config), brought to the aligner's frames and scored beside the k-means units."""
+    from bench import unit_quality
+
+    exp = tmp_path / "bestrq"
+    train.main([os.path.join(CONFIGS, "demo.yaml"), f"--output_folder={exp}",
+                f"--tokenizer_file={pretrain_data['tokenizer']}", "--speech_targets=bestrq",
+                "--bestrq_codebook_size=32", f"--speech_parquets=[{speech_shards['train']}/metadata_pool.parquet]",
+                *TINY, "--number_of_epochs=1"])
+    capsys.readouterr()
+    unit_quality.main(["--aligner", str(trained), "--parquet", f"{speech_shards['dev']}/metadata_pool.parquet",
+                       "--units", str(pretrain_data["valid_units"]), "--bestrq", str(exp), "--max-utterances", "8",
+                       "--json"])
+    codes = json.loads(capsys.readouterr().out.strip().splitlines()[-1])["codes"]
+    assert set(codes) == {"kmeans", "bestrq"} and codes["bestrq"]["frames"] == codes["kmeans"]["frames"]
+    assert 0.0 <= codes["bestrq"]["pnmi"] <= 1.0 + 1e-9
