@@ -18,10 +18,11 @@ import difflib
 import typing
 from typing import Optional
 
-from common.audio import SAMPLE_RATE
+from common.audio_io import SAMPLE_RATE
+from common.user_errors import UserValueError
 
 
-class LoaderConfigError(ValueError):
+class LoaderConfigError(UserValueError):
     """A loader block with an unknown key or a value of the wrong type; the message says the fix."""
 
 
