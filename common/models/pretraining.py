@@ -226,6 +226,17 @@ def decode_teacher_forced(transformer, tokens_bos, enc_states, enc_padding_mask,
     return dec_states
 
 
+def text_to_text(model, src_tokens, src_lens, tokens_bos):
+    """The text path of a ``SpeechEncoderDecoder``: source tokens [batch, length] (relative lengths
+    [batch]) embedded by the decoder's token embedding, through the shared encoder, then decoder
+    log-probabilities [batch, target length + 1, vocab] given ``tokens_bos`` (teacher forcing). Paired
+    text in pretraining, machine translation batches in a multitask finetune."""
+    transformer = model.transformer
+    enc_states, padding_mask = encode_embedded(transformer, transformer.custom_tgt_module(src_tokens), src_lens)
+    dec_states = decode_teacher_forced(transformer, tokens_bos, enc_states, padding_mask)
+    return torch.log_softmax(model.seq_lin(dec_states), dim=-1)
+
+
 class JointPretrainModel(torch.nn.Module):
     """The shared graph (``model``) plus ``heads``; ``forward(task, ...)`` runs one task's pass.
 
@@ -310,11 +321,7 @@ class JointPretrainModel(torch.nn.Module):
     def text_to_text(self, src_tokens, src_lens, tokens_bos):
         """Source tokens [batch, length] (relative lengths [batch]) → decoder log-probabilities
         [batch, target length + 1, vocab] given ``tokens_bos`` (teacher forcing)."""
-        transformer = self.model.transformer
-        enc_states, padding_mask = encode_embedded(transformer, transformer.custom_tgt_module(src_tokens),
-                                                   src_lens)
-        dec_states = decode_teacher_forced(transformer, tokens_bos, enc_states, padding_mask)
-        return torch.log_softmax(self.model.seq_lin(dec_states), dim=-1)
+        return text_to_text(self.model, src_tokens, src_lens, tokens_bos)
 
     def language_model(self, tokens_bos):
         """Decoder log-probabilities [batch, length, vocab] of ``tokens_bos`` with no source: the
