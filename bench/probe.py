@@ -32,7 +32,7 @@ from hyperpyyaml import load_hyperpyyaml
 
 from bench import stats
 from common.data import SpeechLoaderConfig, Tokenizer, make_speech_loader, vocab_size
-from common.inference import graph_yaml, read_config_tree
+from common.models.experiment import graph_yaml, read_config_tree
 from common.models.transfer import TOKENIZER_COPY, load_pretrained
 from common.tokens import BLANK
 

@@ -35,10 +35,12 @@ from hyperpyyaml import load_hyperpyyaml
 from bench.probe import labelled_loader
 from common.data import vocab_size
 from common.data.units import read_units, units_at_frames
-from common.inference import graph_yaml, load_trained, read_config_tree
+from common.inference import load_trained
+from common.models.experiment import graph_yaml, read_config_tree
 from common.models.pretraining import BestRqTargets
 from common.models.transfer import TOKENIZER_COPY, resolve_checkpoint
 from common.tokens import BLANK
+from common.user_errors import UserValueError
 
 logger = logging.getLogger(__name__)
 
@@ -107,7 +109,7 @@ class BestRqCodes:
         heads = torch.load(os.path.join(resolve_checkpoint(exp_dir), "heads.ckpt"), map_location="cpu")
         state = {k[len("bestrq."):]: v for k, v in heads.items() if k.startswith("bestrq.")}
         if not state:
-            raise ValueError(f"{exp_dir} was not pretrained with speech_targets: bestrq (no BEST-RQ codebook)")
+            raise UserValueError(f"{exp_dir} was not pretrained with speech_targets: bestrq (no BEST-RQ codebook)")
         n_mels = int(tree["n_mels"])
         projection, codebook = state["quantiser.P"], state["quantiser.CB"]
         self.stack = projection.shape[0] // n_mels

@@ -54,7 +54,7 @@ from common.models.pretraining import LM_TASK, TRANSCRIBED_TASK, check_text_task
 from common.objectives import joint_ctc_attention_loss, masked_unit_loss, sequence_loss
 from common.recipe import end_distributed, prepare_experiment
 from common.text_noising import TextNoiser, noise_padded, ordinary_piece_ids, word_start_piece_ids
-from common.user_errors import run_command
+from common.user_errors import UserValueError, run_command
 
 logger = logging.getLogger(__name__)
 
@@ -308,7 +308,7 @@ def make_paired_noiser(hparams):
     a source language tag kept), or None when ``mask_text_ratio`` is 0."""
     ratio = hparams["mask_text_ratio"]
     if not 0.0 <= ratio < 1.0:
-        raise ValueError(f"mask_text_ratio={ratio} must lie in [0, 1) (0: paired sources unmasked)")
+        raise UserValueError(f"mask_text_ratio={ratio} must lie in [0, 1) (0: paired sources unmasked)")
     if ratio == 0.0 or not hparams["paired_parquets"]:
         return None
     keep = 1 if hparams["paired_columns"].get("lang_column") else 0
