@@ -149,7 +149,7 @@ def sequence_loss(seq_log_probs, tokens_eos, tokens_eos_lens, label_smoothing=0.
     return {"loss": nll, "accuracy": float(correct) / max(float(total), 1.0)}
 
 
-def masked_unit_loss(unit_logits, units, frame_mask, unmasked_weight=0.0):
+def masked_unit_loss(unit_logits, units, frame_mask, unmasked_weight=0.0, voiced=None):
     """HuBERT's masked prediction: cross-entropy against units on masked frames (+ unmasked ones).
 
     Arguments
@@ -162,12 +162,16 @@ def masked_unit_loss(unit_logits, units, frame_mask, unmasked_weight=0.0):
         [batch, frames], True where the encoder input was masked.
     unmasked_weight : float
         Weight of the unmasked frames' mean cross-entropy (HuBERT: 0, the masked-only loss).
+    voiced : torch.BoolTensor, optional
+        [batch, frames], True on frames that are not silence: adds ``masked_voiced_accuracy``, the
+        masked accuracy on those frames alone (silence units are easy and inflate the plain figure).
 
     Returns
     -------
     dict
         ``loss`` = masked CE + ``unmasked_weight`` x unmasked CE (means over frames), and detached
-        ``masked_loss``, ``unmasked_loss``, ``masked_accuracy``, ``unmasked_accuracy`` for logging.
+        ``masked_loss``, ``unmasked_loss``, ``masked_accuracy``, ``unmasked_accuracy`` (and
+        ``masked_voiced_accuracy``) for logging.
     """
     if unit_logits.shape[:2] != units.shape:
         raise ValueError(f"unit logits of {tuple(unit_logits.shape[:2])} frames but units of "
@@ -181,6 +185,9 @@ def masked_unit_loss(unit_logits, units, frame_mask, unmasked_weight=0.0):
         count = frames.sum().clamp(min=1)
         result[f"{name}_loss"] = (cross_entropy * frames).sum() / count
         result[f"{name}_accuracy"] = float((correct & frames).sum()) / float(count)
+    if voiced is not None:
+        frames = valid & frame_mask & voiced.to(valid.device)
+        result["masked_voiced_accuracy"] = float((correct & frames).sum()) / float(frames.sum().clamp(min=1))
     result["loss"] = result["masked_loss"] + unmasked_weight * result["unmasked_loss"]
     result["masked_loss"], result["unmasked_loss"] = (result["masked_loss"].detach(),
                                                       result["unmasked_loss"].detach())

@@ -5,7 +5,9 @@ Applied to one token id sequence (no bos / eos) in this order: sentence permutat
 spans whose lengths are drawn from Poisson(λ) (the last one trimmed so the total is exact); spans do
 not overlap. Each span is replaced by ``replace_length`` = 1 mask (text infilling, BART's best),
 0 masks (deletion) or -1 = one mask per token (BERT-like); a 0-length span inserts one mask (1 or -1).
-A ``random_ratio`` share of the masks becomes a random token instead. Spans are of tokens, not words.
+A ``random_ratio`` share of the masks becomes a random token instead. Spans are of tokens, or, with
+``word_start_ids`` (fairseq's ``mask_whole_word``), of whole words: the masked count, the Poisson
+lengths and the placement are in words, and a span never splits a word.
 
 >>> noiser = TextNoiser(mask_id=4, random_ids=range(5, 30), mask_ratio=0.3, poisson_lambda=3.0)
 >>> noised = noiser(np.arange(5, 25), np.random.default_rng(0))   # doctest: +SKIP
@@ -14,6 +16,7 @@ A ``random_ratio`` share of the masks becomes a random token instead. Spans are 
 import math
 
 import numpy as np
+import torch
 
 
 def poisson_span_lengths(num_to_mask, poisson_lambda, rng):
@@ -69,11 +72,15 @@ class TextNoiser:
         Ids that end a sentence (e.g. the piece of ".").
     keep_prefix : int
         Leading tokens never noised (a language tag).
+    word_start_ids : sequence of int, optional
+        Ids that begin a word (SentencePiece pieces starting with ``▁``: ``word_start_piece_ids``):
+        span masking counts and hides whole words (a word = a start piece and the pieces after it).
+        None: spans of tokens.
     """
 
     def __init__(self, mask_id, random_ids, mask_ratio=0.3, poisson_lambda=3.5, replace_length=1,
                  random_ratio=0.1, insert_ratio=0.0, rotate_prob=0.0, permute_ratio=0.0,
-                 sentence_end_ids=(), keep_prefix=0):
+                 sentence_end_ids=(), keep_prefix=0, word_start_ids=None):
         if replace_length not in (-1, 0, 1):
             raise ValueError(f"replace_length={replace_length}: use 1 (one mask per span), 0 (delete "
                              "spans) or -1 (one mask per token)")
@@ -84,6 +91,7 @@ class TextNoiser:
         self.random_ratio, self.insert_ratio, self.rotate_prob = random_ratio, insert_ratio, rotate_prob
         self.permute_ratio, self.sentence_end_ids = permute_ratio, set(sentence_end_ids)
         self.keep_prefix = keep_prefix
+        self.word_start_ids = None if word_start_ids is None else np.asarray(sorted(word_start_ids), dtype=np.int64)
 
     def __call__(self, tokens, rng):
         """Noised copy of ``tokens`` (1-D ints) as an int64 array."""
@@ -106,16 +114,27 @@ class TextNoiser:
         out[random] = rng.choice(self.random_ids, size=int(random.sum()))
         return out
 
+    def word_bounds(self, tokens):
+        """Start index of each maskable unit of ``tokens`` and the end: every token, or every word."""
+        if self.word_start_ids is None:
+            return np.arange(len(tokens) + 1)
+        starts = np.flatnonzero(np.isin(tokens, self.word_start_ids))
+        return np.unique(np.concatenate([[0], starts, [len(tokens)]]))
+
     def infill(self, tokens, rng):
-        """Span masking: Poisson span lengths covering ``ceil(mask_ratio * n)`` tokens."""
-        lengths = poisson_span_lengths(math.ceil(self.mask_ratio * len(tokens)), self.poisson_lambda, rng)
-        starts = span_layout(len(tokens), lengths, rng)
+        """Span masking: Poisson span lengths covering ``ceil(mask_ratio * n)`` of the ``n`` units
+        (tokens, or words with ``word_start_ids``)."""
+        bounds = self.word_bounds(tokens)
+        units = len(bounds) - 1
+        lengths = poisson_span_lengths(math.ceil(self.mask_ratio * units), self.poisson_lambda, rng)
+        starts = span_layout(units, lengths, rng)
         pieces, position = [], 0
         for start, length in zip(starts, lengths):
-            pieces.append(tokens[position:start])
-            replaced = {1: 1, 0: 0, -1: max(int(length), 1)}[self.replace_length]
+            first, end = bounds[start], bounds[start + length]
+            pieces.append(tokens[position:first])
+            replaced = {1: 1, 0: 0, -1: max(int(end - first), 1)}[self.replace_length]
             pieces.append(self.masks(replaced, rng))
-            position = start + length
+            position = end
         pieces.append(tokens[position:])
         return np.concatenate(pieces)
 
@@ -146,6 +165,24 @@ def ordinary_piece_ids(processor):
     user-defined ones (``<blank>``, ``<s>``, ``</s>``, ``<unk>``, ``<mask>``, language tags)."""
     return [i for i in range(processor.get_piece_size())
             if not (processor.is_control(i) or processor.is_unknown(i) or _is_symbol(processor.id_to_piece(i)))]
+
+
+def word_start_piece_ids(processor):
+    """Ids of the ordinary pieces that begin a word (SentencePiece's ``▁`` prefix): whole-word masking."""
+    return [i for i in ordinary_piece_ids(processor) if processor.id_to_piece(i).startswith("\u2581")]
+
+
+def noise_padded(tokens, rel_lens, noiser, rng):
+    """Noise each row of a padded batch [batch, length] (relative lengths) with ``noiser``; returns the
+    noised batch padded with 0 (BLANK) and its relative lengths, on the input's device."""
+    lengths = torch.round(rel_lens * tokens.shape[1]).long().tolist()
+    rows = [torch.as_tensor(noiser(row[:n].cpu().numpy(), rng)) for row, n in zip(tokens, lengths)]
+    longest = max(max(len(row) for row in rows), 1)
+    noised = torch.zeros(len(rows), longest, dtype=tokens.dtype)
+    for i, row in enumerate(rows):
+        noised[i, :len(row)] = row
+    new_lens = torch.tensor([len(row) / longest for row in rows], dtype=rel_lens.dtype)
+    return noised.to(tokens.device), new_lens.to(rel_lens.device)
 
 
 def _is_symbol(piece):

@@ -18,6 +18,7 @@ import difflib
 import typing
 from typing import Optional
 
+from common.audio_io import SAMPLE_RATE
 from common.user_errors import UserValueError
 
 
@@ -40,6 +41,10 @@ class SpeechLoaderConfig:
     speed_perturb : speed factors drawn per utterance and epoch, e.g. [0.9, 1.0, 1.1].
     cache_audio : keep decoded audio in memory after its first epoch (small corpora, 0 workers).
     fbank_in_loader : compute Fbank features in the workers (the model then takes features).
+    max_sample_size : longest waveform handed over, in 16 kHz samples (fairseq's ``max_sample_size``,
+        e.g. 250000 = 15.6 s): a longer one is cropped to it (its units too), not dropped; None: no crop.
+        The ``max_duration`` filter still drops what it names: raise it to keep long utterances.
+    random_crop : crop at a random start (drawn from seed, epoch and utterance); False: keep the start.
     """
 
     max_batch_seconds: float
@@ -51,11 +56,18 @@ class SpeechLoaderConfig:
     speed_perturb: Optional[list] = None
     cache_audio: bool = False
     fbank_in_loader: bool = False
+    max_sample_size: Optional[int] = None
+    random_crop: bool = True
 
     @classmethod
     def from_config(cls, block, name="loader"):
         """The dataclass of a yaml mapping, checked (see the module docstring)."""
         return _checked(cls, block, name)
+
+    @property
+    def max_sample_seconds(self):
+        """The longest audio a batch holds after cropping, in seconds (inf without ``max_sample_size``)."""
+        return float("inf") if self.max_sample_size is None else self.max_sample_size / SAMPLE_RATE
 
     @property
     def fastest_speed(self):
@@ -68,6 +80,9 @@ class SpeechLoaderConfig:
         return min(self.speed_perturb or [1.0])
 
     def __post_init__(self):
+        if self.max_sample_size is not None and self.max_sample_size < 1:
+            raise LoaderConfigError(f"max_sample_size={self.max_sample_size}: give samples at 16 kHz (e.g. "
+                                    "250000 = 15.6 s) or null for no cropping")
         if self.cache_audio and self.num_workers > 0:
             raise LoaderConfigError(
                 f"cache_audio: True keeps audio in the main process but num_workers is {self.num_workers}: "

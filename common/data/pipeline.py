@@ -114,6 +114,30 @@ def speech_sample(key, waveform, text, tokens):
             **(token_fields(tokens) if tokens is not None else {})}
 
 
+def crop_start(num_samples, max_samples, rng=None):
+    """Where a crop of ``max_samples`` starts in ``num_samples``: uniform at random with ``rng``, else 0."""
+    if num_samples <= max_samples or rng is None:
+        return 0
+    return int(rng.integers(0, num_samples - max_samples + 1))
+
+
+def crop_sample(waveform, units, max_samples, start, units_per_second):
+    """Waveform ``[start, start + max_samples)`` (16 kHz) and the units of the same stretch of time.
+
+    Units at ``units_per_second`` are cut as fairseq's HuBERT dataset cuts its labels: first unit
+    ``round(start / 16000 * rate)``, ``round(max_samples / 16000 * rate)`` of them, so unit ``j`` of the
+    crop is still the unit of its time. ``units`` may be None (BEST-RQ: codes come from the audio).
+    Shorter waveforms are returned unchanged.
+    """
+    if len(waveform) <= max_samples:
+        return waveform, units
+    waveform = waveform[start:start + max_samples]
+    if units is None:
+        return waveform, None
+    first = int(round(start / SAMPLE_RATE * units_per_second))
+    return waveform, units[first:first + int(round(max_samples / SAMPLE_RATE * units_per_second))]
+
+
 def collate(samples, features=None):
     """Pad samples into a ``PaddedBatch`` (pad value 0).
 

@@ -18,7 +18,7 @@ from torch.utils.data import DataLoader, IterableDataset, get_worker_info
 
 from common.data.config import SpeechLoaderConfig
 from common.data.metadata import read_speech_metadata
-from common.data.pipeline import Tokenizer, collate, count_tokens, keep_mask, speech_sample
+from common.data.pipeline import Tokenizer, collate, count_tokens, crop_sample, crop_start, keep_mask, speech_sample
 from common.data.planning import SlotPlan, batches_to_skip, plan_epoch
 from common.data.shard_audio import BadDataCounts, choose_speeds, decode_member, speed_perturb, wanted_members
 from common.data.stream import BatchStream
@@ -34,14 +34,16 @@ class ShardStreamDataset(IterableDataset):
     Set ``slots`` (the rank's ``SlotPlan`` list), ``speeds`` and ``consumed`` before iterating.
     """
 
-    def __init__(self, metadata, tokenizer, features=None, prefix_ids=(), cache_audio=False, units=None):
+    def __init__(self, metadata, tokenizer, features=None, prefix_ids=(), cache_audio=False, units=None,
+                 max_sample_size=None, random_crop=True, seed=0):
         self.metadata = metadata
+        self.max_sample_size, self.random_crop, self.seed = max_sample_size, random_crop, seed
         self.tokenizer = tokenizer
         self.units = units
         self.features = features
         self.prefix_ids = list(prefix_ids)
         self.cache = {} if cache_audio else None  # row -> decoded waveform, kept across epochs
-        self.slots, self.speeds, self.consumed = [], None, 0
+        self.slots, self.speeds, self.consumed, self.epoch = [], None, 0, 0
 
     def __iter__(self):
         info = get_worker_info()
@@ -83,13 +85,20 @@ class ShardStreamDataset(IterableDataset):
         return WaveformStream(self.metadata, slot, wanted, bad_data, self.cache)
 
     def make_sample(self, row, waveform):
-        """Per-sample steps: speed perturbation, tokenization (after the prefix tokens), sample dict."""
-        text = self.metadata.texts[row]
+        """Per-sample steps: speed perturbation, cropping (with its units), tokenization (after the prefix
+        tokens), sample dict."""
+        text, key = self.metadata.texts[row], self.metadata.keys[row]
         waveform = speed_perturb(waveform, float(self.speeds[row]))
+        units = None if self.units is None else self.units.units_by_key[key]
+        if self.max_sample_size is not None:
+            rng = np.random.default_rng([self.seed, self.epoch, int(row), 5]) if self.random_crop else None
+            start = crop_start(len(waveform), self.max_sample_size, rng)
+            waveform, units = crop_sample(waveform, units, self.max_sample_size, start,
+                                          None if self.units is None else self.units.frame_rate_hz)
         tokens = None if self.tokenizer is None else self.prefix_ids + self.tokenizer.encode(text)
-        sample = speech_sample(self.metadata.keys[row], waveform, text, tokens)
-        if self.units is not None:
-            sample["units"] = torch.from_numpy(self.units.units_by_key[sample["id"]].astype(np.int64))
+        sample = speech_sample(key, waveform, text, tokens)
+        if units is not None:
+            sample["units"] = torch.from_numpy(units.astype(np.int64))
         return sample
 
 
@@ -180,7 +189,8 @@ class SpeechLoader(BatchStream):
             rng, config = np.random.default_rng([self.seed, epoch, 1]), self.config
             speeds = choose_speeds(len(self.metadata), config.speed_perturb, rng)
             planned_ranks = self.world_size if self.share == "shards" else 1
-            plan = plan_epoch(self.metadata.durations / speeds, self.metadata.shard_of_row, self.seed, epoch,
+            durations = np.minimum(self.metadata.durations / speeds, config.max_sample_seconds)  # after cropping
+            plan = plan_epoch(durations, self.metadata.shard_of_row, self.seed, epoch,
                               planned_ranks, config.num_workers, budget=config.max_batch_seconds,
                               max_batch_size=config.max_batch_size, buffer_size=config.batch_buffer,
                               emit_fraction=config.emit_fraction)
@@ -212,6 +222,7 @@ class SpeechLoader(BatchStream):
     def epoch_batches(self, epoch, start):
         slots, speeds = self.plan(epoch)
         self.dataset.slots, self.dataset.speeds, self.dataset.consumed = slots, speeds, start
+        self.dataset.epoch = epoch
         workers = len(slots) if self.config.num_workers > 0 else 0
         loader = DataLoader(self.dataset, batch_size=None, num_workers=workers,
                             prefetch_factor=2 if workers else None)
@@ -289,17 +300,18 @@ def make_speech_loader(parquets, tokenizer, config, seed=0, rank=0, world_size=1
         keep &= keep_mask(metadata.durations, count_tokens(tokenizer, texts) + len(prefix_ids), config.filters,
                           fastest_speed=config.fastest_speed)
     metadata.shard_of_row = np.where(keep, metadata.shard_of_row, -1)
-    used = metadata.durations[metadata.shard_of_row >= 0]
-    if len(used) and used.max() / config.slowest_speed > config.max_batch_seconds:
+    used = np.minimum(metadata.durations[metadata.shard_of_row >= 0] / config.slowest_speed, config.max_sample_seconds)
+    if len(used) and used.max() > config.max_batch_seconds:
         raise UserValueError(
             f"max_batch_seconds={config.max_batch_seconds} is smaller than the longest utterance allowed "
-            f"({used.max() / config.slowest_speed:.2f} s after speed perturbation): raise it or lower max_duration"
+            f"({used.max():.2f} s after speed perturbation and cropping): raise it or lower max_duration "
+            "(or max_sample_size)"
         )
     features = fbank if config.fbank_in_loader else None
     if units is not None:
         units.check_covers(metadata.keys[metadata.shard_of_row >= 0].tolist(), parquets)
     dataset = ShardStreamDataset(metadata, tokenizer if require_text else None, features, prefix_ids,
-                                 config.cache_audio, units)
+                                 config.cache_audio, units, config.max_sample_size, config.random_crop, seed)
     if share not in ("shards", "batches"):
         raise ValueError(f"share={share!r}: use 'shards' (training) or 'batches' (evaluation)")
     return SpeechLoader(metadata, dataset, config, seed, rank, world_size, share)

@@ -22,6 +22,7 @@ import pyarrow as pa
 import pyarrow.parquet as pq
 import torch
 
+from common.tokens import BOS, EOS
 from common.user_errors import UserValueError
 
 logger = logging.getLogger(__name__)
@@ -155,3 +156,40 @@ def units_at_frames(units, unit_lengths, num_frames, frame_rate_hz, unit_rate_hz
     inside = index < unit_lengths.unsqueeze(1).to(index.device)
     picked = units.gather(1, index.clamp(max=units.shape[1] - 1).to(units.device))
     return torch.where(inside.to(units.device), picked, torch.full_like(picked, -1))
+
+
+UNIT_TOKEN_OFFSET = 3  # unit u is token u + 3 of the unit decoder: 0 pads, 1 begins (BOS), 2 ends (EOS)
+
+
+def deduplicated_unit_sequences(units, unit_lengths):
+    """The unit sequences a unit decoder predicts (Speech2C's ``add_decoder``): each row's units with
+    runs of a repeated unit merged into one, as decoder tokens.
+
+    Arguments
+    ---------
+    units : torch.LongTensor
+        [batch, frames] per-frame units (k-means units or BEST-RQ codes); frames past a row's length
+        are ignored.
+    unit_lengths : torch.Tensor
+        Valid frames of each row [batch].
+
+    Returns
+    -------
+    (torch.LongTensor, torch.LongTensor, torch.Tensor)
+        ``tokens_bos`` [batch, longest + 1] (``[BOS] + units + UNIT_TOKEN_OFFSET``), ``tokens_eos``
+        (``units + UNIT_TOKEN_OFFSET + [EOS]``), both padded with 0, and their relative lengths; row ``i``
+        is row ``i`` of the batch.
+
+    >>> bos, eos, lens = deduplicated_unit_sequences(torch.tensor([[5, 5, 7, 7, 5, 0]]), torch.tensor([5]))
+    >>> (eos[0] - UNIT_TOKEN_OFFSET).tolist()[:3], int(eos[0, 3])
+    ([5, 7, 5], 2)
+    """
+    rows = [torch.unique_consecutive(row[:int(n)]) + UNIT_TOKEN_OFFSET for row, n in zip(units, unit_lengths)]
+    longest = max(len(row) for row in rows) + 1
+    tokens_bos = units.new_zeros(len(rows), longest)
+    tokens_eos = units.new_zeros(len(rows), longest)
+    for i, row in enumerate(rows):
+        tokens_bos[i, 0], tokens_bos[i, 1:len(row) + 1] = BOS, row
+        tokens_eos[i, :len(row)], tokens_eos[i, len(row)] = row, EOS
+    rel_lens = torch.tensor([(len(row) + 1) / longest for row in rows], device=units.device)
+    return tokens_bos, tokens_eos, rel_lens

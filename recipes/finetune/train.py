@@ -9,6 +9,11 @@ Trains the shared conformer encoder-decoder (recipes/hparams/model/conformer.yam
 default), then averages the best checkpoints and scores each test split with joint CTC/attention
 beam search (WER/CER with alignments, BLEU for translation) into ``results.json``.
 ``do_train`` / ``do_test`` choose the phases (run.sh stages 2 and 3).
+
+With ``mt_parquets`` (YiTrans' step 2) the finetune is multitask: machine translation pairs join the
+speech, one task per batch, mixed with temperature ``task_mixing_alpha``; an ``mt`` batch goes through
+the text path of the same graph (source tokens → shared embedding → encoder → decoder) and trains the
+decoder's NLL times ``mt_loss_weight``. Validation and test stay speech.
 """
 
 import logging
@@ -18,7 +23,15 @@ import sys
 import speechbrain as sb
 
 from common.brain import RecipeBrain, rank_and_world_size
-from common.data import SpeechLoaderConfig, Tokenizer, make_speech_loader, speech_input
+from common.data import (
+    MixedLoader,
+    SpeechLoaderConfig,
+    TextLoaderConfig,
+    Tokenizer,
+    make_speech_loader,
+    make_text_loader,
+    speech_input,
+)
 from common.data.report import add_memory_estimate, report_markdown, speech_loader_report, write_report
 from common.decoding import beam_search, build_beam_searcher, ctc_greedy, ids_to_text
 from common.evaluation import average_best_checkpoints, record_results
@@ -26,12 +39,16 @@ from common.feasibility import warn_if_infeasible
 from common.inference import load_language_model
 from common.metrics import TranscriptMetrics
 from common.models.encoder_decoder import parameter_group
+from common.models.pretraining import text_to_text
 from common.models.transfer import check_same_tokenizer, load_pretrained
-from common.objectives import check_inter_ctc, joint_ctc_attention_loss
+from common.objectives import check_inter_ctc, drop_prefix, joint_ctc_attention_loss, sequence_loss
 from common.recipe import end_distributed, prepare_experiment
-from common.user_errors import run_command
+from common.user_errors import UserValueError, run_command
 
 logger = logging.getLogger(__name__)
+
+ASR_STREAM, MT = "asr", "mt"  # the tasks of a multitask finetune (batch.stream)
+
 
 class ASR(RecipeBrain):
     """Joint CTC/attention training; decoding and scoring in the evaluation stages.
@@ -73,8 +90,11 @@ class ASR(RecipeBrain):
         return parameter_group(name.removeprefix("model."))
 
     def compute_forward(self, batch, stage):
-        """Teacher-forced pass of both heads; returns (``EncoderDecoderOutput``, wav lengths)."""
+        """Teacher-forced pass of both heads; returns (``EncoderDecoderOutput``, wav lengths); an MT
+        batch (multitask finetune) returns (decoder log-probabilities, None)."""
         batch = batch.to(self.device)
+        if getattr(batch, "stream", None) == MT:
+            return text_to_text(self.modules.model, *batch.src_tokens, batch.tokens_bos.data), None
         wavs, wav_lens = speech_input(batch)
         epoch = self.hparams.epoch_counter.current
         return self.network(stage)(wavs, wav_lens, batch.tokens_bos.data, epoch=epoch), wav_lens
@@ -82,6 +102,8 @@ class ASR(RecipeBrain):
     def compute_objectives(self, predictions, batch, stage):
         """Joint loss (per-term figures kept for logging); evaluation stages also decode and score."""
         out, wav_lens = predictions
+        if wav_lens is None:
+            return self.translation_loss(out, batch)
         losses = joint_ctc_attention_loss(
             out.ctc_log_probs, out.seq_log_probs, wav_lens, *batch.tokens, *batch.tokens_eos,
             dec_weight=self.hparams.dec_weight, label_smoothing=self.hparams.label_smoothing,
@@ -91,6 +113,15 @@ class ASR(RecipeBrain):
         if stage != sb.Stage.TRAIN:
             self.score(out, wav_lens, batch, stage)
         return losses["loss"]
+
+    def translation_loss(self, seq_log_probs, batch):
+        """An MT batch's label-smoothed decoder NLL (its target prefix, like speech's, not predicted) times
+        ``mt_loss_weight``; ``mt_nll_loss`` and ``mt_accuracy`` logged."""
+        seq_log_probs, lens = drop_prefix(seq_log_probs, batch.tokens_eos.lengths, len(self.prefix_ids))
+        targets, _ = drop_prefix(batch.tokens_eos.data, batch.tokens_eos.lengths, len(self.prefix_ids))
+        losses = sequence_loss(seq_log_probs, targets, lens, label_smoothing=self.hparams.label_smoothing)
+        self.add_figures({"mt_nll_loss": losses["loss"], "mt_accuracy": losses["accuracy"]})
+        return self.hparams.mt_loss_weight * losses["loss"]
 
     def score(self, out, wav_lens, batch, stage):
         """Decode the batch with the stage's search and CTC greedy; add both to the metrics."""
@@ -105,7 +136,10 @@ class ASR(RecipeBrain):
         return self.hparams.valid_search if stage == sb.Stage.VALID else self.hparams.test_search
 
     def batch_budgets(self):
-        return {"speech": (self.train_loader.config.max_batch_seconds, "padded seconds")}
+        budgets = {"speech": (speech_part(self.train_loader).config.max_batch_seconds, "padded seconds")}
+        if isinstance(self.train_loader, MixedLoader):
+            budgets["mt"] = (self.train_loader.streams[MT].config.max_batch_tokens, "padded tokens")
+        return budgets
 
     def on_stage_start(self, stage, epoch=None):
         """Fresh metrics for each stage (the base class starts the loader's epoch)."""
@@ -201,6 +235,31 @@ def speech_loader(hparams, parquet, training, rank=0, world_size=1):
     return loader
 
 
+def training_loader(hparams, rank=0, world_size=1):
+    """The training batches: the speech of ``train_parquet``, or, with ``mt_parquets``, the speech and the
+    translation pairs (``mt_columns``, batched as ``mt_loader`` says) mixed by ``task_mixing_alpha``."""
+    speech = speech_loader(hparams, hparams["train_parquet"], True, rank, world_size)
+    if not hparams["mt_parquets"]:
+        return speech
+    if world_size > 1:
+        raise UserValueError("mt_parquets (multitask finetune) needs one process: its text pass runs beside the "
+                         "DDP wrapper; train it without torchrun, or leave mt_parquets empty")
+    if hparams["prefix_tokens"] and not hparams["mt_columns"].get("target_lang_column"):
+        raise UserValueError(f"prefix_tokens={hparams['prefix_tokens']} but mt_columns has no target_lang_column: MT "
+                         "targets would lack the tag the speech targets start with; set mt_columns.target_lang_column")
+    config = TextLoaderConfig.from_config(hparams["mt_loader"], "mt_loader")
+    mt = make_text_loader(hparams["mt_parquets"], hparams["tokenizer_file"], config, seed=hparams["seed"], rank=rank,
+                          world_size=world_size, **hparams["mt_columns"])
+    mix = MixedLoader({ASR_STREAM: speech, MT: mt}, alpha=hparams["task_mixing_alpha"], seed=hparams["seed"])
+    logger.info("multitask finetune: %s", ", ".join(f"{name} {share:.3f}" for name, share in mix.targets().items()))
+    return mix
+
+
+def speech_part(loader):
+    """The speech loader of the training batches (itself, or the speech stream of a task mix)."""
+    return loader.streams[ASR_STREAM] if isinstance(loader, MixedLoader) else loader
+
+
 def training_data_report(loader, tokenizer, model):
     """The training data's report (``common.data.report``); warns, with the numbers and the setting to
     change, when CTC cannot align (or barely aligns) the transcripts with the encoder's frame rate."""
@@ -236,7 +295,8 @@ def init_from_pretrained(hparams):
 
 def input_keys(hparams):
     """The config keys naming files this run reads (checked before any work)."""
-    return (["tokenizer_file", "pretrained"] + (["train_parquet", "valid_parquet"] if hparams["do_train"] else [])
+    return (["tokenizer_file", "pretrained"]
+            + (["train_parquet", "valid_parquet", "mt_parquets"] if hparams["do_train"] else [])
             + (["test_parquets", "lm_dir"] if hparams["do_test"] else []))
 
 
@@ -262,8 +322,9 @@ def main(argv):
     if hparams["do_train"] and hparams["pretrained"]:
         init_from_pretrained(hparams)
     if hparams["do_train"]:
-        brain.train_loader = speech_loader(hparams, hparams["train_parquet"], True, *rank_and_world_size())
-        write_data_report(training_data_report(brain.train_loader, brain.tokenizer, hparams["model"]), hparams)
+        brain.train_loader = training_loader(hparams, *rank_and_world_size())
+        write_data_report(training_data_report(speech_part(brain.train_loader), brain.tokenizer, hparams["model"]),
+                          hparams)
         if hparams["dry_run"]:
             logger.info("dry run: the data report is written; nothing was trained")
             return

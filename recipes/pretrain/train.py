@@ -12,7 +12,13 @@ Each batch holds one modality, drawn from a ``MixedLoader`` (weights or temperat
   (``speech_targets: kmeans``, from ``units_dirs``) or BEST-RQ codes (``bestrq``, computed in the pass);
 - ``text``: BART noising of the source, the decoder reconstructs the sentence (``text_task: denoise``),
   or the decoder alone predicts it, a language model with no source (``text_task: lm``);
-- ``paired``: the source through the same text path, the decoder produces the target.
+- ``paired``: the source (``mask_text_ratio`` of it masked) through the same text path, the decoder
+  produces the target;
+- ``transcribed`` (``transcribed_parquets``): labelled speech, supervised: CTC on the encoder (and
+  ``transcribed_dec_weight`` of the decoder's NLL), beside the unsupervised tasks.
+
+With ``add_decoder`` (Speech2C) a speech batch also trains the decoder to produce its deduplicated
+units from the masked speech (``unit_decoder_weight``).
 
 The loss of a batch is its task's loss times ``task_loss_weights[task]``; per-task losses and
 accuracies go to train_log.txt and TensorBoard. Checkpoints hold the graph (``model.ckpt``, the names
@@ -44,17 +50,18 @@ from common.data import (
 from common.data.report import REPORT_FILE
 from common.data.units import read_units, units_at_frames
 from common.masking import mask_spans
-from common.models.pretraining import LM_TASK, check_text_task
-from common.objectives import masked_unit_loss, sequence_loss
+from common.models.pretraining import LM_TASK, TRANSCRIBED_TASK, check_text_task
+from common.objectives import joint_ctc_attention_loss, masked_unit_loss, sequence_loss
 from common.recipe import end_distributed, prepare_experiment
-from common.text_noising import TextNoiser, ordinary_piece_ids
-from common.user_errors import run_command
+from common.text_noising import TextNoiser, noise_padded, ordinary_piece_ids, word_start_piece_ids
+from common.user_errors import UserValueError, run_command
 
 logger = logging.getLogger(__name__)
 
-SPEECH, TEXT, PAIRED = "speech", "text", "paired"
-LOGGED = {SPEECH: ("masked_loss", "masked_accuracy", "unmasked_accuracy"), TEXT: ("loss", "accuracy"),
-          PAIRED: ("loss", "accuracy")}
+SPEECH, TEXT, PAIRED, TRANSCRIBED = "speech", "text", "paired", "transcribed"
+LOGGED = {SPEECH: ("masked_loss", "masked_accuracy", "masked_voiced_accuracy", "unmasked_accuracy",
+                   "unit_decoder_loss", "unit_decoder_accuracy"),
+          TEXT: ("loss", "accuracy"), PAIRED: ("loss", "accuracy"), TRANSCRIBED: ("ctc_loss", "accuracy")}
 
 
 class JointPretraining(RecipeBrain):
@@ -65,7 +72,7 @@ class JointPretraining(RecipeBrain):
     units (``batch.units``), mono text batches come noised from their loader.
     """
 
-    units, valid_loader = None, None
+    units, valid_loader, paired_noiser = None, None, None
 
     def rng(self, stage):
         """Masking randomness of this step: a function of (seed, epoch, step, stage)."""
@@ -76,35 +83,61 @@ class JointPretraining(RecipeBrain):
         """The task's pass; returns (task, output)."""
         batch = batch.to(self.device)
         task, rng = getattr(batch, "stream", SPEECH), self.rng(stage)
+        hp = self.hparams
         if task == SPEECH:
             wavs, wav_lens = speech_input(batch)
-            hp = self.hparams
             mask = lambda lengths, frames: mask_spans(lengths, frames, hp.mask_prob, hp.mask_span_frames, rng)  # noqa: E731,E501
-            return task, self.modules.pretrain(SPEECH, wavs, wav_lens, mask, epoch=hp.epoch_counter.current)
-        if task == TEXT and self.hparams.text_task == "lm":
+            targets = None if self.units is None else (lambda frames: self.kmeans_targets(batch, frames))
+            return task, self.modules.pretrain(SPEECH, wavs, wav_lens, mask, epoch=hp.epoch_counter.current,
+                                               frame_targets=targets)
+        if task == TRANSCRIBED:
+            wavs, wav_lens = speech_input(batch)
+            return task, self.modules.pretrain(TRANSCRIBED_TASK, wavs, wav_lens, batch.tokens_bos.data,
+                                               epoch=hp.epoch_counter.current)
+        if task == TEXT and hp.text_task == "lm":
             return task, self.modules.pretrain(LM_TASK, batch.tokens_bos.data)
         src, src_lens = batch.src_tokens  # mono text comes noised from its loader
+        if task == PAIRED and self.paired_noiser is not None and stage == sb.Stage.TRAIN:
+            src, src_lens = noise_padded(src, src_lens, self.paired_noiser, rng)
         return task, self.modules.pretrain(task, src, src_lens, batch.tokens_bos.data)
+
+    def kmeans_targets(self, batch, num_frames):
+        """The batch's k-means units at ``num_frames`` encoder frames (-1 past each utterance's units)."""
+        units, rel_lens = batch.units
+        lengths = torch.round(rel_lens * units.shape[1]).long()
+        return units_at_frames(units, lengths, num_frames, self.hparams.encoder_frame_rate_hz,
+                               self.units.frame_rate_hz)
 
     def compute_objectives(self, predictions, batch, stage):
         """The task's loss times its weight; per-task figures kept for logging."""
         task, out = predictions
         if task == SPEECH:
-            targets = out.targets
-            if targets is None:  # k-means units, a field of the speech batch, brought to the encoder frame rate
-                units, rel_lens = batch.units
-                lengths = torch.round(rel_lens * units.shape[1]).long()
-                targets = units_at_frames(units, lengths, out.unit_logits.shape[1],
-                                          self.hparams.encoder_frame_rate_hz, self.units.frame_rate_hz)
-            losses = masked_unit_loss(out.unit_logits, targets.to(self.device), out.frame_mask,
-                                      self.hparams.unmasked_weight)
+            losses = self.speech_losses(out)
+        elif task == TRANSCRIBED:
+            losses = joint_ctc_attention_loss(out.ctc_log_probs, out.seq_log_probs, speech_input(batch)[1],
+                                              *batch.tokens, *batch.tokens_eos,
+                                              dec_weight=self.hparams.transcribed_dec_weight,
+                                              label_smoothing=self.hparams.label_smoothing)
         else:
             losses = sequence_loss(out, *batch.tokens_eos, label_smoothing=self.hparams.label_smoothing)
-        self.add_figures({f"{task}_{term}": losses[term] for term in LOGGED[task]})
+        self.add_figures({f"{task}_{term}": losses[term] for term in LOGGED[task] if term in losses})
         self.task_batches[task] += 1
         if getattr(batch, "corpus", None) is not None:
             self.corpus_batches[f"{task}_{batch.corpus}"] += 1
         return self.hparams.task_loss_weights[task] * losses["loss"]
+
+    def speech_losses(self, out):
+        """Masked unit prediction (figures on voiced frames too) plus, with the unit decoder,
+        ``unit_decoder_weight`` x its cross-entropy on the deduplicated units."""
+        hp = self.hparams
+        losses = masked_unit_loss(out.unit_logits, out.targets.to(self.device), out.frame_mask, hp.unmasked_weight,
+                                  voiced=out.voiced)
+        if out.unit_decoder_log_probs is not None:
+            decoder = sequence_loss(out.unit_decoder_log_probs, out.unit_tokens_eos, out.unit_tokens_lens,
+                                    label_smoothing=hp.label_smoothing)
+            losses["loss"] = losses["loss"] + hp.unit_decoder_weight * decoder["loss"]
+            losses["unit_decoder_loss"], losses["unit_decoder_accuracy"] = decoder["loss"].detach(), decoder["accuracy"]
+        return losses
 
     def stage_figures(self):
         """Stage averages of each task's figures (over its batches), and the share of the batches of
@@ -152,6 +185,13 @@ def speech_loader(hparams, parquets, training, rank=0, world_size=1, units=None)
     return make_speech_loader(parquets, hparams["tokenizer_file"], config,
                               seed=hparams["seed"], rank=rank, world_size=world_size,
                               fbank=hparams["graph"]["compute_features"], require_text=False, units=units)
+
+
+def transcribed_loader(hparams, parquets, rank, world_size):
+    """Labelled speech of the supervised task: batches with tokens, as the ``speech_loader`` block says."""
+    config = SpeechLoaderConfig.from_config(hparams["speech_loader"], "speech_loader")
+    return make_speech_loader(parquets, hparams["tokenizer_file"], config, seed=hparams["seed"], rank=rank,
+                              world_size=world_size, fbank=hparams["graph"]["compute_features"])
 
 
 def text_loader(hparams, parquets, rank, world_size, paired):
@@ -206,10 +246,18 @@ def weights_by_name(weights, names, option, what):
     return {name: weights[name] for name in names}
 
 
-def corpus_mix(hparams, parquets, make_loader):
-    """The corpora of one modality: one loader (``make_loader(parquets)``) of all of them, or, with
-    ``corpus_mixing_alpha`` or ``corpus_weights`` and several corpora, one per corpus mixed by them."""
-    alpha, weights = hparams["corpus_mixing_alpha"], hparams["corpus_weights"] or None
+def modality_alpha(hparams, modality):
+    """The corpus temperature of a modality: ``speech_alpha`` for speech corpora, ``text_alpha`` for
+    mono and paired text corpora, each falling back to ``corpus_mixing_alpha`` when null."""
+    own = hparams.get("speech_alpha" if modality in (SPEECH, TRANSCRIBED) else "text_alpha")
+    return hparams["corpus_mixing_alpha"] if own is None else own
+
+
+def corpus_mix(hparams, parquets, make_loader, modality=SPEECH):
+    """The corpora of one modality: one loader (``make_loader(parquets)``) of all of them, or, with a
+    corpus temperature (``modality_alpha``) or ``corpus_weights`` and several corpora, one per corpus
+    mixed by them."""
+    alpha, weights = modality_alpha(hparams, modality), hparams["corpus_weights"] or None
     if len(parquets) < 2 or (alpha is None and weights is None):
         return make_loader(parquets)
     names = [corpus_name(parquet) for parquet in parquets]
@@ -227,23 +275,48 @@ def training_mix(hparams, rank, world_size, units=None):
                                   lambda parquets: speech_loader(hparams, parquets, True, rank, world_size, units))}
     if hparams["text_parquets"]:
         streams[TEXT] = corpus_mix(hparams, hparams["text_parquets"],
-                                   lambda parquets: text_loader(hparams, parquets, rank, world_size, paired=False))
+                                   lambda parquets: text_loader(hparams, parquets, rank, world_size, paired=False),
+                                   TEXT)
     if hparams["paired_parquets"]:
         streams[PAIRED] = corpus_mix(hparams, hparams["paired_parquets"],
-                                     lambda parquets: text_loader(hparams, parquets, rank, world_size, paired=True))
+                                     lambda parquets: text_loader(hparams, parquets, rank, world_size, paired=True),
+                                     PAIRED)
+    if hparams.get("transcribed_parquets"):
+        streams[TRANSCRIBED] = corpus_mix(hparams, hparams["transcribed_parquets"],
+                                          lambda parquets: transcribed_loader(hparams, parquets, rank, world_size),
+                                          TRANSCRIBED)
     weights = weights_by_name(hparams["mixing_weights"] or None, list(streams), "mixing_weights", "task")
     return MixedLoader(streams, weights=weights, alpha=None if weights else hparams["mixing_alpha"],
                        seed=hparams["seed"])
 
 
-def make_noiser(hparams, tokenizer):
-    """The BART noiser of the ``text_noising`` block, with the tokenizer's <mask> and pieces."""
-    return TextNoiser(tokenizer.piece_id(hparams["mask_token"]), ordinary_piece_ids(tokenizer.processor),
-                      **hparams["text_noising"])
+def make_noiser(hparams, tokenizer, mask_ratio=None, keep_prefix=0):
+    """The BART noiser of the ``text_noising`` block, with the tokenizer's <mask> and pieces (and its
+    word-initial pieces with ``whole_word_mask``); ``mask_ratio`` overrides the block's."""
+    options = dict(hparams["text_noising"])
+    whole_words = options.pop("whole_word_mask", False)
+    if mask_ratio is not None:
+        options["mask_ratio"] = mask_ratio
+    processor = tokenizer.processor
+    return TextNoiser(tokenizer.piece_id(hparams["mask_token"]), ordinary_piece_ids(processor),
+                      word_start_ids=word_start_piece_ids(processor) if whole_words else None,
+                      keep_prefix=keep_prefix, **options)
+
+
+def make_paired_noiser(hparams):
+    """The noiser of paired sources (``mask_text_ratio`` of their tokens masked as ``text_noising`` says,
+    a source language tag kept), or None when ``mask_text_ratio`` is 0."""
+    ratio = hparams["mask_text_ratio"]
+    if not 0.0 <= ratio < 1.0:
+        raise UserValueError(f"mask_text_ratio={ratio} must lie in [0, 1) (0: paired sources unmasked)")
+    if ratio == 0.0 or not hparams["paired_parquets"]:
+        return None
+    keep = 1 if hparams["paired_columns"].get("lang_column") else 0
+    return make_noiser(hparams, Tokenizer(hparams["tokenizer_file"]), mask_ratio=ratio, keep_prefix=keep)
 
 
 INPUT_KEYS = ("speech_parquets", "units_dirs", "valid_parquet", "valid_units_dir", "text_parquets",
-              "paired_parquets", "tokenizer_file")
+              "paired_parquets", "transcribed_parquets", "tokenizer_file")
 
 
 def main(argv):
@@ -255,6 +328,7 @@ def main(argv):
     if hparams["speech_targets"] == "kmeans":
         unit_dirs = hparams["units_dirs"] + ([hparams["valid_units_dir"]] if hparams["valid_units_dir"] else [])
         brain.units = read_units(unit_dirs, expected_hash=hparams["kmeans_hash"])
+    brain.paired_noiser = make_paired_noiser(hparams)
     brain.train_loader = training_mix(hparams, *rank_and_world_size(), units=brain.units)
     logger.info("training mix targets: %s", ", ".join(
         f"{name} {share:.3f}" for name, share in mix_targets(brain.train_loader).items()))

@@ -143,3 +143,18 @@ def test_masked_unit_loss_is_cross_entropy_on_masked_frames_plus_weighted_unmask
     assert torch.isclose(out["loss"], ce[masked].mean() + 0.5 * ce[unmasked].mean())
     hits = logits.argmax(-1) == units
     assert out["masked_accuracy"] == float(hits[masked].float().mean())
+
+
+def test_masked_voiced_accuracy_counts_masked_voiced_frames_only():
+    """masked_voiced_accuracy: hits among frames masked and voiced (silence and unmasked frames left out);
+    the loss is unchanged by the voiced mask."""
+    from common.objectives import masked_unit_loss
+
+    units = torch.tensor([[0, 1, 2, 3, 4, 5]])
+    logits = torch.nn.functional.one_hot(torch.tensor([[0, 1, 0, 0, 4, 0]]), 6).float()
+    mask = torch.tensor([[True, True, True, True, True, False]])
+    voiced = torch.tensor([[False, True, True, False, True, True]])
+    out = masked_unit_loss(logits, units, mask, voiced=voiced)
+    assert out["masked_accuracy"] == pytest.approx(3 / 5)  # 0, 1, 4 of the masked 0-4
+    assert out["masked_voiced_accuracy"] == pytest.approx(2 / 3)  # 1, 4 of the masked voiced 1, 2, 4
+    assert torch.equal(out["loss"], masked_unit_loss(logits, units, mask)["loss"])

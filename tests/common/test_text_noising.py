@@ -99,3 +99,47 @@ def test_random_replacements_never_use_special_symbols(tmp_path):
     ids = ordinary_piece_ids(processor)
     assert not {0, 1, 2, 3, processor.piece_to_id("<en>"), processor.piece_to_id("<fr>")} & set(ids)
     assert len(ids) == processor.get_piece_size() - 6
+
+
+def test_whole_word_masking_hides_whole_words_and_counts_them():
+    """word_start_ids: every word (a start piece and its continuation pieces) is kept whole or hidden
+    whole, never split; ceil(0.3 x words) words are hidden (replace_length -1: one mask per piece)."""
+    rng = np.random.default_rng(7)
+    starts = np.arange(1000, 1040)  # 40 words of 1-4 pieces, each piece id distinct
+    words = [np.concatenate([[start], 2000 + 10 * i + np.arange(rng.integers(0, 4))]) for i, start in
+             enumerate(starts)]
+    tokens = np.concatenate(words)
+    whole = noiser(mask_ratio=0.3, poisson_lambda=3.0, word_start_ids=starts)
+    for replace_length in (1, -1, 0):
+        whole.replace_length = replace_length
+        for _ in range(50):
+            kept = set(whole(tokens, rng).tolist())
+            kept_words = [w for w in words if set(w.tolist()) <= kept]
+            split = [w for w in words if set(w.tolist()) & kept and not set(w.tolist()) <= kept]
+            assert not split and len(kept_words) == len(words) - math.ceil(0.3 * len(words))
+    whole.replace_length = -1
+    out = whole(tokens, rng)
+    assert (out == MASK).sum() == len(tokens) - np.isin(out, tokens).sum()
+
+
+def test_token_spans_are_unchanged_without_word_starts():
+    """Without word_start_ids the noiser draws exactly what it drew before whole-word masking existed:
+    a word of one token each gives the same output from the same seed."""
+    plain = noiser(mask_ratio=0.3, poisson_lambda=3.0)(TOKENS, np.random.default_rng(5))
+    per_token_words = noiser(mask_ratio=0.3, poisson_lambda=3.0, word_start_ids=TOKENS)(TOKENS,
+                                                                                       np.random.default_rng(5))
+    assert np.array_equal(plain, per_token_words)
+
+
+def test_noise_padded_noises_each_row_within_its_length():
+    """noise_padded: each row's noised tokens come from its own valid tokens only (never the padding),
+    lengths are relative to the new padded width, and padding is 0."""
+    import torch
+
+    from common.text_noising import noise_padded
+
+    batch = torch.tensor([[1000 + i for i in range(10)], [1100, 1101, 1102, 1103, 0, 0, 0, 0, 0, 0]])
+    noised, lens = noise_padded(batch, torch.tensor([1.0, 0.4]), noiser(mask_ratio=0.5, replace_length=0),
+                                np.random.default_rng(0))
+    assert noised.shape[1] == 5 and lens.tolist() == pytest.approx([1.0, 0.4])
+    assert set(noised[1, :2].tolist()) <= {1100, 1101, 1102, 1103} and noised[1, 2:].eq(0).all()

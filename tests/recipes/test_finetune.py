@@ -227,3 +227,66 @@ def test_intermediate_ctc_is_trained_and_logged_beside_the_last_layers_ctc(speec
     assert figures["loss"] == pytest.approx(mixed, rel=1e-3)
     with pytest.raises(ValueError, match="set both"):
         train.main(train_argv(speech_shards, tokenizer_file, tmp_path / "bad", "--inter_ctc_weight=0.3"))
+
+
+def test_step_two_trains_translation_pairs_beside_the_speech_one_task_per_batch(speech_corpus, speech_shards,
+                                                                                tokenizer_file, tmp_path, monkeypatch):
+    """mt_parquets (YiTrans step 2): each training batch is speech or translation pairs, never both; the
+    MT batches go through the text path, their NLL has a gradient in the shared encoder and token
+    embedding, and their share is the task_mixing_alpha target to one batch; mt_nll_loss and
+    mt_accuracy are logged; a target prefix without tagged MT targets is refused."""
+    import torch
+
+    from local import make_text_shards
+
+    pairs = tmp_path / "pairs.parquet"
+    make_text_shards.main([str(speech_corpus / "train.jsonl"), str(pairs), "--paired", "--src-field", "translation",
+                           "--tgt-field", "text"])
+    batches, mt_gradients = [], []
+    original_start, original_loss = train.ASR.on_fit_batch_start, train.ASR.translation_loss
+
+    def record_batch(brain, batch, should_step):
+        batches.append((batch.stream, hasattr(batch, "sig"), hasattr(batch, "src_tokens")))
+        return original_start(brain, batch, should_step)
+
+    def record_gradient(brain, seq_log_probs, batch):
+        loss = original_loss(brain, seq_log_probs, batch)
+        shared = {name: p for name, p in brain.modules.model.named_parameters()
+                  if name.startswith(("transformer.encoder.", "transformer.custom_tgt_module."))}
+        grads = torch.autograd.grad(loss, list(shared.values()), retain_graph=True, allow_unused=True)
+        mt_gradients.append({name.split(".")[1]: float(g.abs().sum()) for name, g in zip(shared, grads)
+                             if g is not None and g.abs().sum() > 0})
+        return loss
+
+    monkeypatch.setattr(train.ASR, "on_fit_batch_start", record_batch)
+    monkeypatch.setattr(train.ASR, "translation_loss", record_gradient)
+    exp = tmp_path / "step2"
+    argv = train_argv(speech_shards, tokenizer_file, exp, "--number_of_epochs=1", "--do_test=False",
+                      f"--mt_parquets=[{pairs}]", "--mt_loader={max_batch_tokens: 800, max_batch_size: 32}",
+                      "--task_mixing_alpha=0.0")
+    train.main(argv)
+    assert set(batches) == {("asr", True, False), ("mt", False, True)}  # one modality a batch
+    mt_batches = sum(stream == "mt" for stream, *_ in batches)
+    assert abs(mt_batches / len(batches) - 0.5) <= 1.0 / len(batches) + 1e-9  # alpha 0: half the batches
+    assert len(mt_gradients) == mt_batches and all(set(g) == {"encoder", "custom_tgt_module"} for g in mt_gradients)
+    log = open(exp / "train_log.txt").read()
+    for name in ("mt_nll_loss", "mt_accuracy", "ctc_loss"):
+        value = re.search(rf"train {name}: ([-+.\de]+)", log)
+        assert value and float(value.group(1)) == float(value.group(1)), name  # logged, not NaN
+    with pytest.raises(ValueError, match="target_lang_column"):
+        train.main(argv[:1] + [f"--output_folder={tmp_path / 'bad'}"] + argv[2:] + ["--prefix_tokens=[<unk>]"])
+
+
+def test_without_mt_parquets_the_training_batches_are_the_speech_loaders(speech_shards, tokenizer_file):
+    """mt_parquets: [] (the default) leaves training as it was: the training loader is the speech
+    loader alone, with the same planned batches, and no batch carries a task tag."""
+    parquet = f"{speech_shards['train']}/metadata_pool.parquet"
+    hparams = load_checked_hparams(os.path.join(CONFIGS, "demo.yaml"), {
+        "train_parquet": parquet, "valid_parquet": parquet, "test_parquets": [parquet],
+        "tokenizer_file": str(tokenizer_file), "num_workers": 0})
+    assert hparams["mt_parquets"] == []
+    loader = train.training_loader(hparams)
+    assert type(loader) is type(train.speech_loader(hparams, parquet, True))
+    assert loader.planned_keys(0) == train.speech_loader(hparams, parquet, True).planned_keys(0)
+    loader.set_epoch(0)
+    assert not hasattr(next(iter(loader)), "stream")

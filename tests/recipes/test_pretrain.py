@@ -276,3 +276,110 @@ def test_a_second_iteration_clusters_an_encoder_layer_of_the_pretrained_model(pr
     with pytest.raises(SystemExit) as exit_info:
         extract_units.main([str(speech_shards["dev"]), str(tmp_path / "bad"), "--features", f"{pretrained}:9"])
     assert exit_info.value.code == 2
+
+
+def test_speech_and_text_corpora_take_their_own_temperature(pretrain_data, speech_shards, tmp_path):
+    """speech_alpha 0 shares the two speech corpora equally; text_alpha 1 shares the two text corpora
+    in proportion to their batches per epoch (natural sizes), corpus_mixing_alpha 0.5 left unused: each
+    corpus's planned share of its modality is size ** alpha / sum within 0.002."""
+    from common.data.units import read_units
+
+    d = pretrain_data
+    hparams = load_checked_hparams(os.path.join(CONFIGS, "demo.yaml"), {
+        "output_folder": str(tmp_path / "alphas"), "tokenizer_file": str(d["tokenizer"]),
+        "speech_parquets": [f"{speech_shards[split]}/metadata_pool.parquet" for split in ("train", "dev")],
+        "units_dirs": [str(d["units"]), str(d["valid_units"])], "text_parquets": [str(d["mono"]), str(d["pairs"])],
+        "speech_alpha": 0.0, "text_alpha": 1.0, "corpus_mixing_alpha": 0.5, "num_workers": 0,
+        **{arg[2:].split("=")[0]: int(arg.split("=")[1]) for arg in TINY_MODEL}})
+    mix = train.training_mix(hparams, 0, 1, units=read_units([str(d["units"]), str(d["valid_units"])]))
+    for modality, alpha in (("speech", 0.0), ("text", 1.0)):
+        corpora = mix.streams[modality]
+        sizes = {name: corpora.streams[name].batches_in_epoch(0) ** alpha for name in corpora.names}
+        for name, share in corpora.targets().items():
+            assert share == pytest.approx(sizes[name] / sum(sizes.values()), abs=0.002), name
+    speech = mix.streams["speech"].streams
+    assert speech["train"].batches_in_epoch(0) != speech["dev"].batches_in_epoch(0)  # unequal sizes, equal shares
+
+
+def test_unit_decoder_masked_paired_text_and_transcribed_speech_train_together(pretrain_data, speech_shards, tmp_path,
+                                                                              monkeypatch):
+    """add_decoder, whole-word text masking, mask_text_ratio and transcribed speech in one epoch: the log
+    has finite unit-decoder, voiced masked-accuracy and transcribed CTC figures and a transcribed share;
+    paired sources reach the model with <mask> in them (mask_text_ratio 0.5), and without it never (mono
+    text as a language model, so every source seen is a paired one)."""
+    from common.data import Tokenizer
+    from common.models.pretraining import JointPretrainModel
+
+    d = pretrain_data
+    mask_id = Tokenizer(d["tokenizer"]).piece_id("<mask>")
+    sources = []
+    original = JointPretrainModel.text_to_text
+    monkeypatch.setattr(JointPretrainModel, "text_to_text",
+                        lambda self, src, *rest: sources.append(src) or original(self, src, *rest))
+    args = [os.path.join(CONFIGS, "demo.yaml"), f"--tokenizer_file={d['tokenizer']}",
+            f"--speech_parquets=[{speech_shards['train']}/metadata_pool.parquet]", f"--units_dirs=[{d['units']}]",
+            f"--text_parquets=[{d['mono']}]", f"--paired_parquets=[{d['pairs']}]", *TINY, "--number_of_epochs=1"]
+    exp = tmp_path / "seed_parts"
+    train.main(args + [f"--output_folder={exp}", "--add_decoder=True", "--mask_text_ratio=0.5", "--text_task=lm",
+                       "--text_noising={mask_ratio: 0.3, poisson_lambda: 3.5, replace_length: 1, random_ratio: 0.0, "
+                       "insert_ratio: 0.0, rotate_prob: 0.0, permute_ratio: 0.0, whole_word_mask: True}",
+                       f"--transcribed_parquets=[{speech_shards['dev']}/metadata_pool.parquet]"])
+    log = open(exp / "train_log.txt").read()
+    for name in ("speech_unit_decoder_loss", "speech_unit_decoder_accuracy", "speech_masked_voiced_accuracy",
+                 "transcribed_ctc_loss", "transcribed_share"):
+        value = re.search(rf"{name}: ([-+.\de]+)", log)
+        assert value and math.isfinite(float(value.group(1))), name
+    assert sources and all(bool((src == mask_id).any()) for src in sources)  # (text_task lm: paired only)
+    heads = torch.load(glob.glob(str(exp / "save" / "CKPT+*" / "heads.ckpt"))[-1])
+    assert "unit_decoder_head.weight" in heads
+    sources.clear()
+    train.main(args + [f"--output_folder={tmp_path / 'plain'}", "--text_task=lm"])
+    assert sources and not any(bool((src == mask_id).any()) for src in sources)  # paired sources unmasked
+
+
+def test_the_probe_bench_reports_every_layer_of_the_trained_and_the_scratch_encoder(pretrained, speech_shards,
+                                                                                    capsys):
+    """bench/probe.py on the pretrained demo experiment: one CER row per layer (input projection + each
+    encoder layer) for the trained and the scratch encoder, in the table and the JSON line."""
+    from bench import probe
+
+    dev = f"{speech_shards['dev']}/metadata_pool.parquet"
+    probe.main(["--exp", str(pretrained), "--train", dev, "--dev", dev, "--scratch", "--updates", "3",
+                "--max-utterances", "6", "--json"])
+    figures = json.loads(capsys.readouterr().out.strip().splitlines()[-1])
+    assert [(row["encoder"], row["layer"]) for row in figures["layers"]] == [
+        (name, layer) for name in ("trained", "scratch") for layer in (0, 1)]  # the tiny model: 1 layer
+    assert all(0.0 <= row["cer"] and row["cer_ci"][0] <= row["cer"] <= row["cer_ci"][1] for row in figures["layers"])
+
+
+def test_the_unit_quality_bench_scores_kmeans_units_against_aligned_characters(trained, pretrain_data,
+                                                                               speech_shards, capsys):
+    """bench/unit_quality.py with a finetuned aligner and the dev split's k-means units: one row of
+    purities and PNMI in [0, 1] over the aligned frames, in the table and the JSON line."""
+    from bench import unit_quality
+
+    unit_quality.main(["--aligner", str(trained), "--parquet", f"{speech_shards['dev']}/metadata_pool.parquet",
+                       "--units", str(pretrain_data["valid_units"]), "--json"])
+    figures = json.loads(capsys.readouterr().out.strip().splitlines()[-1])["codes"]["kmeans"]
+    assert figures["frames"] > 0
+    assert all(0.0 <= figures[name] <= 1.0 + 1e-9 for name in ("label_purity", "code_purity", "pnmi"))
+
+
+def test_the_unit_quality_bench_scores_the_codes_of_a_bestrq_experiment(trained, pretrain_data, speech_shards,
+                                                                         tmp_path, capsys):
+    """--bestrq EXP: the experiment's saved projection and codebook give its codes (the Fbank of its own
+    config), brought to the aligner's frames and scored beside the k-means units."""
+    from bench import unit_quality
+
+    exp = tmp_path / "bestrq"
+    train.main([os.path.join(CONFIGS, "demo.yaml"), f"--output_folder={exp}",
+                f"--tokenizer_file={pretrain_data['tokenizer']}", "--speech_targets=bestrq",
+                "--bestrq_codebook_size=32", f"--speech_parquets=[{speech_shards['train']}/metadata_pool.parquet]",
+                *TINY, "--number_of_epochs=1"])
+    capsys.readouterr()
+    unit_quality.main(["--aligner", str(trained), "--parquet", f"{speech_shards['dev']}/metadata_pool.parquet",
+                       "--units", str(pretrain_data["valid_units"]), "--bestrq", str(exp), "--max-utterances", "8",
+                       "--json"])
+    codes = json.loads(capsys.readouterr().out.strip().splitlines()[-1])["codes"]
+    assert set(codes) == {"kmeans", "bestrq"} and codes["bestrq"]["frames"] == codes["kmeans"]["frames"]
+    assert 0.0 <= codes["bestrq"]["pnmi"] <= 1.0 + 1e-9

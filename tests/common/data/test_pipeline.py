@@ -49,3 +49,21 @@ def test_the_token_rate_filter_holds_for_the_fastest_speed_perturbation():
     filters = {"max_tokens_per_second": 2.0, "min_duration": 1.9}
     assert keep_mask(durations, tokens, filters).tolist() == [True, True]
     assert keep_mask(durations, tokens, filters, fastest_speed=1.1).tolist() == [False, True]
+
+
+def test_crop_cuts_waveform_and_units_over_the_same_stretch_of_time():
+    """crop_sample: 16000 samples from sample 8000 of a 3 s waveform keep units 25..74 of units at 50 Hz
+    (unit j = j): the first unit of the crop is the one at 0.5 s and 50 units cover its 1 s; shorter
+    waveforms are untouched; crop_start stays inside the waveform."""
+    import numpy as np
+    import torch
+
+    from common.data.pipeline import crop_sample, crop_start
+
+    waveform, units = torch.arange(48000.0), np.arange(150)
+    cropped, kept = crop_sample(waveform, units, 16000, 8000, 50.0)
+    assert cropped[0] == 8000 and len(cropped) == 16000 and kept.tolist() == list(range(25, 75))
+    assert crop_sample(waveform[:1000], units[:3], 16000, 0, 50.0)[1].tolist() == [0, 1, 2]
+    rng = np.random.default_rng(0)
+    assert all(0 <= crop_start(48000, 16000, rng) <= 32000 for _ in range(100))
+    assert crop_start(48000, 16000) == 0 and crop_start(1000, 16000, rng) == 0

@@ -219,3 +219,38 @@ def test_the_token_rate_filter_counts_speed_perturbation(tone_shards, tokenizer_
     at_fastest = {k for k, rate in zip(metadata.keys, rates) if rate * 1.1 <= limit}
     assert kept(None) == at_one and kept([0.9, 1.0, 1.1]) == at_fastest
     assert at_fastest < at_one
+
+
+def test_long_utterances_are_cropped_not_dropped_with_their_units_at_the_same_rate(tone_shards, tokenizer_model):
+    """max_sample_size 1 s: every utterance stays (none dropped), none is longer than 16000 samples, and
+    each carries the units of the stretch it kept: with unit j = j at 50 Hz, a crop starting at sample s
+    starts at unit round(s / 320) and holds 50 units per second of audio kept (the rate of the targets is
+    unchanged); the same seed and epoch crop the same way, random_crop False keeps the start."""
+    import numpy as np
+
+    from common.data.units import UnitTable
+
+    metadata = read_speech_metadata(tone_shards)
+    units = {key: np.arange(int(round(d * 50)), dtype=np.int16) for key, d in zip(metadata.keys, metadata.durations)}
+    table = UnitTable(units, n_units=200, frame_rate_hz=50.0, kmeans_hash="h")
+    config = SpeechLoaderConfig(1.5, max_sample_size=16000)  # a budget below the longest utterance (2 s)
+    loader = make_speech_loader(tone_shards, tokenizer_model, config, units=table, seed=3)
+    seen, starts = [], {}
+    for batch in loader:
+        padded, rel_lens = batch.units
+        for i, key in enumerate(batch.id):
+            samples = int(round(float(batch.sig.lengths[i]) * batch.sig.data.shape[1]))
+            kept = padded[i, :int(round(float(rel_lens[i]) * padded.shape[1]))]
+            assert samples <= 16000
+            assert abs(len(kept) - samples / 320) <= 1  # 50 units per second of the cropped audio
+            assert kept.tolist() == list(range(int(kept[0]), int(kept[0]) + len(kept)))  # one stretch
+            starts[key] = int(kept[0])
+            seen.append(key)
+    assert sorted(seen) == sorted(metadata.keys.tolist())
+    assert any(start > 0 for start in starts.values())  # long ones cropped somewhere inside
+    again = {key: int(row[0]) for batch in make_speech_loader(tone_shards, tokenizer_model, config, units=table,
+                                                              seed=3) for key, row in zip(batch.id, batch.units.data)}
+    assert again == starts
+    first = SpeechLoaderConfig(1.5, max_sample_size=16000, random_crop=False)
+    assert all(int(row[0]) == 0 for batch in make_speech_loader(tone_shards, tokenizer_model, first, units=table)
+               for row in batch.units.data)
