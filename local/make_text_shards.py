@@ -32,6 +32,7 @@ import pyarrow as pa
 import pyarrow.parquet as pq
 
 from common.atomic import atomic_path, atomic_write_text, remove_temporaries
+from common.user_errors import run_command
 
 logger = logging.getLogger("make_text_shards")
 
@@ -186,4 +187,4 @@ def main(argv=None):
 
 
 if __name__ == "__main__":
-    main()
+    run_command(main)

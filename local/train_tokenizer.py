@@ -34,6 +34,7 @@ import sentencepiece as spm
 from common.atomic import atomic_path, atomic_write_text
 from common.shard_format import CORE_PARQUET, POOL_PARQUET, is_unlabelled, read_metadata
 from common.tokens import SENTENCEPIECE_IDS
+from common.user_errors import run_command
 
 logger = logging.getLogger("train_tokenizer")
 SPECIAL_PIECES = SENTENCEPIECE_IDS
@@ -222,4 +223,4 @@ def main(argv=None):
 
 
 if __name__ == "__main__":
-    main()
+    run_command(main)

@@ -7,7 +7,7 @@ import json
 import numpy as np
 import sentencepiece
 
-from common.audio import encode_opus
+from common.audio_io import encode_opus
 from common.shard_format import POOL_PARQUET, ShardWriter, metadata_row, sample_json, write_metadata
 from common.tokens import SENTENCEPIECE_IDS
 

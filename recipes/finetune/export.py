@@ -38,19 +38,14 @@ import sys
 
 import torch
 
-from common import audio
+from common import audio_io
 from common.atomic import atomic_path, atomic_write_text
 from common.data import Tokenizer, vocab_size
-from common.inference import (
-    averaged_checkpoint,
-    decoding_settings,
-    graph_yaml,
-    load_language_model,
-    load_trained,
-    read_config_tree,
-)
+from common.inference import averaged_checkpoint, decoding_settings, load_language_model, load_trained
+from common.models.experiment import graph_yaml, read_config_tree
 from common.onnx_export import export_onnx
 from common.tokens import BLANK, BOS, EOS
+from common.user_errors import run_command
 
 # The graph's modules with a state (weights, filterbank buffers), named as SpeechEncoderDecoder saves them.
 WEIGHT_MODULES = ("compute_features", "frontend", "transformer", "ctc_lin", "seq_lin")
@@ -103,7 +98,7 @@ CUSTOM_HEADER = '''"""The exported model reading audio as it was trained (writte
     asr = foreign_class(source=MODEL_DIR, pymodule_file="custom.py", classname="TandemASR")
     asr.transcribe_file("recording.wav")
 
-The functions below are Tandem's common/audio.py, copied by the export.
+The functions below are Tandem's common/audio_io.py, copied by the export.
 """
 
 import io
@@ -254,10 +249,11 @@ def export(exp_dir, out_dir, tokenizer_file=None, onnx=False, **overrides):
 
 
 def custom_module():
-    """The text of ``custom.py``: ``TandemASR`` and common/audio.py's reading functions, copied from
+    """The text of ``custom.py``: ``TandemASR`` and common/audio_io.py's reading functions, copied from
     their source so the exported model reads audio exactly as ``transcribe.py`` does."""
-    functions = "\n\n".join(inspect.getsource(f) for f in (audio.to_mono_rate, audio.encode_opus, audio.decode_opus))
-    constants = f"SAMPLE_RATE = {audio.SAMPLE_RATE}\nOPUS_KBPS_RANGE = {audio.OPUS_KBPS_RANGE}\n\n\n"
+    readers = (audio_io.to_mono_rate, audio_io.encode_opus, audio_io.decode_opus)
+    functions = "\n\n".join(inspect.getsource(f) for f in readers)
+    constants = f"SAMPLE_RATE = {audio_io.SAMPLE_RATE}\nOPUS_KBPS_RANGE = {audio_io.OPUS_KBPS_RANGE}\n\n\n"
     return CUSTOM_HEADER + constants + functions + CUSTOM_CLASS
 
 
@@ -299,4 +295,4 @@ def main(argv):
 
 
 if __name__ == "__main__":
-    sys.exit(main(sys.argv[1:]))
+    run_command(main, sys.argv[1:])

@@ -1,11 +1,11 @@
 """Exported models decode as transcribe.py does: the SpeechBrain export read through custom.py, and the ONNX
 export run by onnx_transcribe.py (numpy, soundfile and onnxruntime only), at 8-44.1 kHz, mono and stereo."""
 
+import importlib.util
 import os
 import shutil
 import subprocess
 import sys
-import sysconfig
 
 import numpy as np
 import pytest
@@ -139,12 +139,14 @@ def test_the_speechbrain_export_reads_audio_as_transcribe_py(talkative, exported
 
 def isolated_python(blocked):
     """A ``python -I -S`` command line whose imports see the interpreter's standard library and the
-    environment's site-packages, but not the project (no script folder, no PYTHONPATH, no .pth files:
-    the editable install is one) and none of ``blocked`` (a meta-path finder refuses them, since they
-    share the site-packages folder with numpy, soundfile and onnxruntime)."""
-    purelib, platlib = sysconfig.get_paths()["purelib"], sysconfig.get_paths()["platlib"]
+    folders that hold numpy, soundfile and onnxruntime, but not the project (no script folder, no
+    PYTHONPATH, no .pth files: the editable install is one) and none of ``blocked`` (a meta-path finder
+    refuses them, since they may share a site-packages folder with the three)."""
+    folders = sorted({os.path.dirname(os.path.dirname(spec.origin)) if spec.submodule_search_locations
+                      else os.path.dirname(spec.origin)
+                      for spec in map(importlib.util.find_spec, ("numpy", "soundfile", "onnxruntime"))})
     prelude = ("import sys, runpy, importlib.abc\n"
-               f"sys.path += {sorted({purelib, platlib})!r}\n"
+               f"sys.path += {folders!r}\n"
                "class Refuse(importlib.abc.MetaPathFinder):\n"
                "    def find_spec(self, name, path=None, target=None):\n"
                f"        if name.split('.')[0] in {blocked!r}:\n"
