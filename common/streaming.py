@@ -26,10 +26,11 @@ from speechbrain.utils.dynamic_chunk_training import DynChunkTrainConfig
 from speechbrain.utils.filter_analysis import stack_filter_properties
 
 from common.tokens import BLANK
+from common.user_errors import UserValueError
 
 
 def check_streamable(model, why):
-    """Raises ValueError, naming the config keys to change, when ``model`` cannot run chunk by chunk
+    """Raises UserValueError (a ValueError), naming the config keys to change, when ``model`` cannot run chunk by chunk
     (``why``: what asks for streaming, for the message)."""
     problems = []
     if not isinstance(model.transformer.encoder, ConformerEncoder):
@@ -41,7 +42,7 @@ def check_streamable(model, why):
         problems.append(f"normalize_type: global (not {model.normalize.norm_type}: its statistics need the whole "
                         "recording)")
     if problems:
-        raise ValueError(f"{why} needs a model that streams; train one with " + "; ".join(problems))
+        raise UserValueError(f"{why} needs a model that streams; train one with " + "; ".join(problems))
 
 
 class StreamingFrontEnd:
@@ -99,7 +100,7 @@ class StreamingRecognizer:
     def __init__(self, model, chunk_frames, left_chunks):
         check_streamable(model, "streaming")
         if chunk_frames < 1 or left_chunks < 0:
-            raise ValueError(f"chunk_frames={chunk_frames}, left_chunks={left_chunks}: need at least one frame "
+            raise UserValueError(f"chunk_frames={chunk_frames}, left_chunks={left_chunks}: need at least one frame "
                              "per chunk and zero or more left chunks")
         self.model, self.chunk_frames = model, chunk_frames
         self.frontend = StreamingFrontEnd(model)

@@ -49,7 +49,7 @@ from common.corpora.readers import (
 from common.inference import length_batches, load_trained, split_at_silences
 from common.metrics import TranscriptMetrics
 from common.streaming import StreamingRecognizer
-from common.user_errors import run_command
+from common.user_errors import UserError, run_command
 
 logger = logging.getLogger("transcribe")
 STDIN = "-"  # INPUT naming raw PCM on standard input (--stream)
@@ -236,7 +236,7 @@ def main(argv):
     logging.basicConfig(level=logging.INFO, format="%(levelname)s %(name)s: %(message)s", stream=sys.stderr)
     args = parse_args(argv)
     if STDIN in args.inputs and not args.stream:
-        raise SystemExit("transcribe.py: INPUT '-' (raw PCM on stdin) needs --stream")
+        raise UserError("transcribe.py: INPUT '-' (raw PCM on stdin) needs --stream")
     entries, rejects = input_entries([path for path in args.inputs if path != STDIN])
     if STDIN in args.inputs:
         entries.append(Entry("stdin", STDIN, None, "stdin"))

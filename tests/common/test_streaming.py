@@ -50,6 +50,21 @@ def test_chunk_by_chunk_encoding_equals_the_chunk_masked_full_encoding(model, no
     assert (torch.cat(parts, dim=1) - full).abs().max() < 1e-5
 
 
+@pytest.mark.parametrize("left", [1, 100])
+@torch.no_grad()
+def test_one_chunk_covering_the_sequence_encodes_as_full_context(model, noise, left):
+    """encode_streaming given the whole sequence as its one chunk equals the encoder without any chunk
+    mask (full context), whatever the left context; a smaller chunk does not (the test can tell)."""
+    src = model.frontend(model.extract_features(noise[None], torch.ones(1)))
+    full = model.transformer.encode(src, None)
+    whole = model.transformer.encode_streaming(src, model.transformer.make_streaming_context(
+        DynChunkTrainConfig(src.shape[1], left)))
+    assert (whole - full).abs().max() < 1e-5
+    context = model.transformer.make_streaming_context(DynChunkTrainConfig(4, left))
+    parts = [model.transformer.encode_streaming(src[:, s:s + 4], context) for s in range(0, src.shape[1], 4)]
+    assert (torch.cat(parts, dim=1) - full).abs().max() > 1e-3
+
+
 @torch.no_grad()
 def test_a_chunk_covering_the_recording_decodes_as_offline_greedy_ctc(model, noise):
     """One chunk longer than the recording: the streamed greedy CTC ids are offline greedy CTC's, because

@@ -9,6 +9,7 @@ import pytest
 import soundfile as sf
 from speechbrain.utils.dynamic_chunk_training import DynChunkTrainConfig
 
+from common.user_errors import UserError
 from recipes.finetune import train, transcribe
 from tests.recipes.finetune_args import REPO, train_argv
 from tests.recipes.test_transcribe import manifest_with_absolute_paths, printed
@@ -78,7 +79,7 @@ def test_stdin_pcm_with_a_partial_final_chunk_ends_when_the_pipe_closes(chunk_tr
 
 
 def test_stdin_needs_stream(chunk_trained):
-    with pytest.raises(SystemExit, match="needs --stream"):
+    with pytest.raises(UserError, match="needs --stream"):
         transcribe.main([str(chunk_trained[0]), "-"])
 
 
