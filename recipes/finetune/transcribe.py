@@ -209,8 +209,13 @@ def stream_inputs(trained, entries, args):
                 continue
             pieces = chunk_pieces(waveforms[0], piece_samples)
         hyp = stream_one(trained, entry.key, pieces, frames, args.left_chunks)
-        print(f"{entry.key}\t{hyp}", flush=True)
         results.append((entry, hyp))
+        try:
+            print(f"{entry.key}\t{hyp}", flush=True)
+        except BrokenPipeError:  # the reader went away (``| head -1``): no one reads the other lines
+            os.dup2(os.open(os.devnull, os.O_WRONLY), sys.stdout.fileno())  # nor the flush at exit
+            logger.warning("standard output was closed: stopped after %s", entry.key)
+            break
     return results, problems
 
 

@@ -78,6 +78,19 @@ def test_stdin_pcm_with_a_partial_final_chunk_ends_when_the_pipe_closes(chunk_tr
     assert lines["stdin"] == lines["same"] and "last byte was dropped" in err.decode()
 
 
+def test_a_closed_stdout_stops_streaming_quietly(chunk_trained, test_files):
+    """The reader of stdout gone before the first line (as ``| head -0`` leaves it): --stream stops with a
+    warning, exit status 0 and no traceback, instead of dying on BrokenPipeError."""
+    command = [sys.executable, os.path.join(REPO, "recipes", "finetune", "transcribe.py"), str(chunk_trained[0]),
+               *test_files, "--stream", "--chunk_ms", "640"]
+    process = subprocess.Popen(command, stdin=subprocess.DEVNULL, stdout=subprocess.PIPE, stderr=subprocess.PIPE,
+                               env=dict(os.environ, PYTHONPATH=REPO))
+    process.stdout.close()
+    err = process.stderr.read().decode()
+    assert process.wait() == 0, err[-3000:]
+    assert "standard output was closed: stopped after" in err and "Traceback" not in err
+
+
 def test_stdin_needs_stream(chunk_trained):
     with pytest.raises(UserError, match="needs --stream"):
         transcribe.main([str(chunk_trained[0]), "-"])
