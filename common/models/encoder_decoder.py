@@ -24,6 +24,11 @@ pretraining and finetuning (weights move between them by name):
 outputs of these encoder layers (1-based) also go through the encoder's final norm and the same
 ``ctc_lin``, so the objective can ask the lower layers to be CTC-readable too; it adds no weights.
 
+``dynchunktrain_config`` (``forward`` and ``encode``; SpeechBrain's ``DynChunkTrainConfig``) restricts each
+encoder frame's attention and convolution to its chunk and the chunks before it (dynamic chunk training,
+WeNet U2's: a recipe draws one per batch, ``speechbrain.utils.dynamic_chunk_training``), so that the same
+model decodes streaming (common/streaming.py) and offline.
+
 ``parameter_group`` sorts the weights into four groups a recipe can give their own learning rate
 (``lr_scales``): ``encoder`` (front-end, input projection, conformer), ``ctc`` (``ctc_lin``),
 ``cross_attention`` (each decoder layer's attention to the encoder and the norm before it) and
@@ -179,20 +184,27 @@ class SpeechEncoderDecoder(torch.nn.Module):
             feats = augmented
         return feats
 
-    def encode(self, wavs, wav_lens, epoch=None):
-        """Waveforms [batch, samples] at 16 kHz → encoder states [batch, frames, d_model]."""
+    def encode(self, wavs, wav_lens, epoch=None, dynchunktrain_config=None):
+        """Waveforms [batch, samples] at 16 kHz → encoder states [batch, frames, d_model] (each frame seeing
+        only its chunk and those before it under a ``dynchunktrain_config``)."""
         src = self.frontend(self.extract_features(wavs, wav_lens, epoch))
-        return self.transformer.encode(src, wav_lens, pad_idx=BLANK)
+        return self.transformer.encode(src, wav_lens, pad_idx=BLANK, dynchunktrain_config=dynchunktrain_config)
 
     def ctc_log_probs(self, enc_states):
         """Encoder states → CTC log-probabilities [batch, frames, vocab]."""
         return torch.log_softmax(self.ctc_lin(enc_states), dim=-1)
 
-    def forward(self, wavs, wav_lens, tokens_bos, epoch=None) -> EncoderDecoderOutput:
-        """Teacher-forced pass: both heads' log-probs given ``tokens_bos`` ([bos] + tokens)."""
+    def forward(self, wavs, wav_lens, tokens_bos, epoch=None, dynchunktrain_config=None) -> EncoderDecoderOutput:
+        """Teacher-forced pass: both heads' log-probs given ``tokens_bos`` ([bos] + tokens); the encoder
+        chunked as ``dynchunktrain_config`` says (None: full context)."""
         src = self.frontend(self.extract_features(wavs, wav_lens, epoch))
         with self._encoder_layer_outputs() as captured:
-            enc_states, dec_states = self.transformer(src, tokens_bos, wav_lens, pad_idx=BLANK)
+            if dynchunktrain_config is None:
+                enc_states, dec_states = self.transformer(src, tokens_bos, wav_lens, pad_idx=BLANK)
+            else:  # SpeechBrain's TransformerASR.forward takes no chunk configuration: encode, then decode
+                enc_states = self.transformer.encode(src, wav_lens, BLANK, dynchunktrain_config=dynchunktrain_config)
+                enc_lens = torch.round(wav_lens * enc_states.shape[1]).long()
+                dec_states, _ = self.transformer.decode(tokens_bos, enc_states, enc_lens)
         seq_log_probs = torch.log_softmax(self.seq_lin(dec_states), dim=-1)
         inter = tuple(self.ctc_log_probs(self.transformer.encoder.norm(captured[layer]))
                       for layer in self.inter_ctc_layers)

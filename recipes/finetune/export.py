@@ -16,19 +16,34 @@ and a README.md. It loads without Tandem::
 and decodes as ``recipes/finetune/transcribe.py`` does (same search, beam and CTC weight). Two cases
 need Tandem importable, because plain SpeechBrain cannot express them: a target-language prefix
 (``prefix_tokens``, speech translation) and ``ctc_weight: 1.0`` (see common.decoding).
+
+``EncoderDecoderASR`` reads files with SpeechBrain's resampler and without the Opus pass the training
+audio went through. ``custom.py`` (written beside) holds ``TandemASR``, the same model reading audio as
+``transcribe.py`` does (channels averaged, SciPy's ``resample_poly``, the shards' Opus codec), so that
+its hypotheses equal ``transcribe.py``'s at every sample rate::
+
+    from speechbrain.inference.interfaces import foreign_class
+    asr = foreign_class(source="exported/demo_asr", pymodule_file="custom.py", classname="TandemASR",
+                        savedir="pretrained/demo_asr")
+
+``--onnx`` also writes ``encoder.onnx`` and ``onnx_config.json`` (common/onnx_export.py) for
+``recipes/finetune/onnx_transcribe.py``, which needs numpy, soundfile and onnxruntime only.
 """
 
 import argparse
+import inspect
 import os
 import shutil
 import sys
 
 import torch
 
+from common import audio_io
 from common.atomic import atomic_path, atomic_write_text
 from common.data import Tokenizer, vocab_size
-from common.inference import averaged_checkpoint, decoding_settings, load_language_model
+from common.inference import averaged_checkpoint, decoding_settings, load_language_model, load_trained
 from common.models.experiment import graph_yaml, read_config_tree
+from common.onnx_export import export_onnx
 from common.tokens import BLANK, BOS, EOS
 from common.user_errors import run_command
 
@@ -76,6 +91,38 @@ pretrainer: !new:speechbrain.utils.parameter_transfer.Pretrainer
         tokenizer: !ref <tokenizer>
 {lm_loadable}"""
 
+CUSTOM_MODULE = "custom.py"
+CUSTOM_HEADER = '''"""The exported model reading audio as it was trained (written by recipes/finetune/export.py).
+
+    from speechbrain.inference.interfaces import foreign_class
+    asr = foreign_class(source=MODEL_DIR, pymodule_file="custom.py", classname="TandemASR")
+    asr.transcribe_file("recording.wav")
+
+The functions below are Tandem's common/audio_io.py, copied by the export.
+"""
+
+import io
+import math
+
+import numpy as np
+import scipy.signal
+import soundfile as sf
+import torch
+from speechbrain.inference.ASR import EncoderDecoderASR
+
+'''
+CUSTOM_CLASS = '''
+
+class TandemASR(EncoderDecoderASR):
+    """``EncoderDecoderASR`` whose files are read as the training audio was: channels averaged, resampled
+    with ``scipy.signal.resample_poly``, coded and decoded with the shards' Opus codec."""
+
+    def load_audio(self, path, savedir=None):
+        samples, rate = sf.read(str(path), dtype="float32", always_2d=True)
+        mono = to_mono_rate(samples, rate, SAMPLE_RATE)
+        return torch.from_numpy(decode_opus(encode_opus(mono))[0]).to(self.device)
+'''
+
 README = """# {name}: speech recognition exported from a Tandem experiment
 
 Exported by `recipes/finetune/export.py {exp_dir}`. Load it with SpeechBrain alone:
@@ -86,6 +133,15 @@ asr = EncoderDecoderASR.from_hparams(source="{out_dir}", savedir="pretrained_mod
 print(asr.transcribe_file("recording.wav"))
 ```
 
+`EncoderDecoderASR` reads files with SpeechBrain's resampler and without the Opus codec the training
+audio went through; `custom.py` reads them as training did (its hypotheses equal `transcribe.py`'s):
+
+```python
+from speechbrain.inference.interfaces import foreign_class
+asr = foreign_class(source="{out_dir}", pymodule_file="custom.py", classname="TandemASR",
+                    savedir="pretrained_models/{name}")
+```
+{onnx}
 Search: joint CTC/attention beam search, beam {beam_size}, CTC weight {ctc_weight}, language model
 {lm}.
 Test results of the experiment (its results.txt):
@@ -101,6 +157,8 @@ def parse_args(argv):
     parser.add_argument("--tokenizer", default=None, help="the tokenizer, when not at the config's tokenizer_file")
     parser.add_argument("--lm_dir", default=None, help="a recipes/lm experiment to fuse (default: the config's)")
     parser.add_argument("--lm_weight", type=float, default=None, help="its weight (default: the config's)")
+    parser.add_argument("--onnx", action="store_true", help="also write encoder.onnx and onnx_config.json for "
+                        "recipes/finetune/onnx_transcribe.py (numpy, soundfile and onnxruntime only)")
     return parser.parse_args(argv)
 
 
@@ -162,9 +220,10 @@ def save_torch(obj, path):
         torch.save(obj, tmp)
 
 
-def export(exp_dir, out_dir, tokenizer_file=None, **overrides):
-    """Write the SpeechBrain model folder ``out_dir`` of experiment ``exp_dir``; returns its path.
-    ``overrides`` (``lm_dir``, ``lm_weight``) replace the config's decoding settings."""
+def export(exp_dir, out_dir, tokenizer_file=None, onnx=False, **overrides):
+    """Write the SpeechBrain model folder ``out_dir`` of experiment ``exp_dir`` (with the ONNX files when
+    ``onnx``); returns its path. ``overrides`` (``lm_dir``, ``lm_weight``) replace the config's decoding
+    settings."""
     tree = read_config_tree(exp_dir)
     tokenizer_file = tokenizer_file or tree["tokenizer_file"]
     num_tokens = vocab_size(tokenizer_file)
@@ -181,8 +240,21 @@ def export(exp_dir, out_dir, tokenizer_file=None, **overrides):
     save_torch(state.get("normalize") or {}, os.path.join(out_dir, "normalizer.ckpt"))
     with atomic_path(os.path.join(out_dir, "tokenizer.ckpt")) as tmp:
         shutil.copyfile(tokenizer_file, tmp)
-    atomic_write_text(os.path.join(out_dir, "README.md"), readme(exp_dir, out_dir, settings))
+    atomic_write_text(os.path.join(out_dir, CUSTOM_MODULE), custom_module())
+    if onnx:
+        trained = load_trained(exp_dir, "cpu", tokenizer_file)
+        export_onnx(trained.model, trained.tokenizer.processor, out_dir, settings["max_duration"])
+    atomic_write_text(os.path.join(out_dir, "README.md"), readme(exp_dir, out_dir, settings, onnx))
     return out_dir
+
+
+def custom_module():
+    """The text of ``custom.py``: ``TandemASR`` and common/audio_io.py's reading functions, copied from
+    their source so the exported model reads audio exactly as ``transcribe.py`` does."""
+    readers = (audio_io.to_mono_rate, audio_io.encode_opus, audio_io.decode_opus)
+    functions = "\n\n".join(inspect.getsource(f) for f in readers)
+    constants = f"SAMPLE_RATE = {audio_io.SAMPLE_RATE}\nOPUS_KBPS_RANGE = {audio_io.OPUS_KBPS_RANGE}\n\n\n"
+    return CUSTOM_HEADER + constants + functions + CUSTOM_CLASS
 
 
 def write_language_model(settings, tokenizer_file, num_tokens, out_dir):
@@ -195,10 +267,18 @@ def write_language_model(settings, tokenizer_file, num_tokens, out_dir):
     return "\n" + graph_yaml(read_config_tree(settings["lm_dir"]), num_tokens, block="lm_model"), type(lm).__name__
 
 
-def readme(exp_dir, out_dir, settings):
+ONNX_README = """
+`encoder.onnx` runs without torch, SpeechBrain or Tandem (greedy CTC, `pip install numpy soundfile onnxruntime`):
+
+    python recipes/finetune/onnx_transcribe.py {out_dir} recording.wav
+"""
+
+
+def readme(exp_dir, out_dir, settings, onnx=False):
     results_path = os.path.join(exp_dir, "results.txt")
     results = open(results_path, encoding="utf-8").read().strip() if os.path.isfile(results_path) else "(none)"
     return README.format(name=os.path.basename(os.path.abspath(out_dir)), exp_dir=exp_dir, out_dir=out_dir,
+                         onnx=ONNX_README.format(out_dir=out_dir) if onnx else "",
                          beam_size=settings["beam_size"], ctc_weight=settings["ctc_weight"],
                          lm=f"{settings['lm_dir']} at weight {settings['lm_weight']}" if settings["lm_weight"] > 0
                          and settings["lm_dir"] else "none",
@@ -208,9 +288,9 @@ def readme(exp_dir, out_dir, settings):
 def main(argv):
     args = parse_args(argv)
     overrides = {key: getattr(args, key) for key in ("lm_dir", "lm_weight") if getattr(args, key) is not None}
-    out_dir = export(args.exp_dir, args.out_dir, args.tokenizer, **overrides)
+    out_dir = export(args.exp_dir, args.out_dir, args.tokenizer, onnx=args.onnx, **overrides)
     print(f"exported {args.exp_dir} to {out_dir}: EncoderDecoderASR.from_hparams(source={out_dir!r}, "
-          "savedir=...)")
+          "savedir=...)" + (f"; python recipes/finetune/onnx_transcribe.py {out_dir} AUDIO..." if args.onnx else ""))
     return 0
 
 

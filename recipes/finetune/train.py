@@ -43,6 +43,7 @@ from common.models.pretraining import text_to_text
 from common.models.transfer import check_same_tokenizer, load_pretrained
 from common.objectives import check_inter_ctc, drop_prefix, joint_ctc_attention_loss, sequence_loss
 from common.recipe import end_distributed, prepare_experiment
+from common.streaming import check_streamable
 from common.user_errors import UserValueError, run_command
 
 logger = logging.getLogger(__name__)
@@ -97,7 +98,9 @@ class ASR(RecipeBrain):
             return text_to_text(self.modules.model, *batch.src_tokens, batch.tokens_bos.data), None
         wavs, wav_lens = speech_input(batch)
         epoch = self.hparams.epoch_counter.current
-        return self.network(stage)(wavs, wav_lens, batch.tokens_bos.data, epoch=epoch), wav_lens
+        chunks = self.hparams.chunk_sampler(stage) if self.hparams.chunk_training else None  # None in evaluation
+        return self.network(stage)(wavs, wav_lens, batch.tokens_bos.data, epoch=epoch,
+                                   dynchunktrain_config=chunks), wav_lens
 
     def compute_objectives(self, predictions, batch, stage):
         """Joint loss (per-term figures kept for logging); evaluation stages also decode and score."""
@@ -316,6 +319,8 @@ def main(argv):
     brain, hparams = build_brain(argv)
     check_checkpoint_key(hparams["best_checkpoint_key"])
     check_inter_ctc(hparams["inter_ctc_weight"], len(hparams["inter_ctc_layers"]))
+    if hparams["chunk_training"]:
+        check_streamable(hparams["model"], "chunk_training: True")
     if hparams["freeze_encoder_steps"] and rank_and_world_size()[1] > 1:
         raise ValueError("freeze_encoder_steps needs one process: DDP expects every parameter's gradient "
                          "in every update; set it to 0 under torchrun")

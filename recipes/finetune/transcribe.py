@@ -16,6 +16,14 @@ name). Recordings longer than the model's ``max_duration`` are cut at their quie
 pieces' texts joined. When inputs carry transcripts (a manifest's ``text``, a folder's ``.txt`` files,
 a Kaldi ``text``), WER / CER are printed.
 
+``--stream`` decodes as a live recognizer would (common/streaming.py): the audio arrives in chunks of
+``--chunk_ms``, the conformer's state is carried from chunk to chunk (each chunk sees ``--left_chunks``
+before it), greedy CTC extends the hypothesis, and each change is written to stderr as
+``partial<TAB>key<TAB>text``; the final line goes to stdout as without it. ``-`` as INPUT reads raw 16-bit
+little-endian PCM, mono at 16 kHz, from stdin until it closes (``arecord -f S16_LE -r 16000 -c 1 |
+transcribe.py EXP - --stream``), without the Opus pass. Streaming wants a model trained with
+``chunk_training: True``, ``attention_type: RelPosMHAXL`` and ``normalize_type: global``.
+
 Unreadable recordings are named, skipped and counted; the exit status is 1 only when nothing could
 be transcribed.
 """
@@ -25,6 +33,8 @@ import json
 import logging
 import os
 import sys
+
+import numpy as np
 
 from common.atomic import atomic_write_text
 from common.audio_io import SAMPLE_RATE, AudioError, decode_opus, encode_opus, read_audio
@@ -38,9 +48,11 @@ from common.corpora.readers import (
 )
 from common.inference import length_batches, load_trained, split_at_silences
 from common.metrics import TranscriptMetrics
-from common.user_errors import run_command
+from common.streaming import StreamingRecognizer
+from common.user_errors import UserError, run_command
 
 logger = logging.getLogger("transcribe")
+STDIN = "-"  # INPUT naming raw PCM on standard input (--stream)
 
 
 def parse_args(argv):
@@ -66,6 +78,12 @@ def parse_args(argv):
     parser.add_argument("--ctc_weight", type=float, default=None,
                         help="the CTC share of the joint score (default: the config's; with an LM, 0.6 and "
                              "--beam 16 measured best on the open corpus)")
+    parser.add_argument("--stream", action="store_true", help="decode chunk by chunk (greedy CTC), partial "
+                        "hypotheses on stderr; INPUT '-' reads raw 16-bit 16 kHz mono PCM from stdin")
+    parser.add_argument("--chunk_ms", type=float, default=640.0, help="--stream: audio per chunk (rounded to "
+                        "whole encoder frames)")
+    parser.add_argument("--left_chunks", type=int, default=16, help="--stream: chunks of past context each "
+                        "chunk attends to")
     return parser.parse_args(argv)
 
 
@@ -122,6 +140,85 @@ def transcribe_group(trained, waveforms, args):
     return [" ".join(parts) for parts in joined]
 
 
+def transcribe_inputs(trained, entries, args):
+    """``(results, problems)``: the entries read a group at a time and decoded offline, each printed."""
+    results, problems = [], []
+    for first in range(0, len(entries), args.group_size):
+        kept, waveforms, bad = read_group(entries[first:first + args.group_size], through_opus=not args.raw_audio)
+        for problem in bad:
+            logger.warning("skipped %s", problem)
+        problems += bad
+        if kept:
+            for entry, hyp in zip(kept, transcribe_group(trained, waveforms, args)):
+                print(f"{entry.key}\t{hyp}", flush=True)
+                results.append((entry, hyp))
+    return results, problems
+
+
+def chunk_frames(trained, chunk_ms):
+    """Encoder frames per ``chunk_ms`` of audio (at least one)."""
+    frames = max(1, round(chunk_ms / 1000 * trained.model.frames_per_second()))
+    logger.info("streaming in chunks of %d encoder frames (%.0f ms)", frames, frames / trained.model.frames_per_second()
+                * 1000)
+    return frames
+
+
+def stream_one(trained, key, pieces, frames, left_chunks):
+    """The text of one recording fed piece by piece (float32 arrays) to a fresh StreamingRecognizer
+    (``frames`` per chunk); each longer hypothesis is written to stderr."""
+    recognizer = StreamingRecognizer(trained.model, frames, left_chunks)
+    for piece in pieces:
+        if recognizer.push(piece):
+            print(f"partial\t{key}\t{trained.tokenizer.processor.decode(recognizer.ids)}", file=sys.stderr, flush=True)
+    recognizer.push(np.zeros(0, dtype=np.float32), final=True)
+    return trained.tokenizer.processor.decode(recognizer.ids)
+
+
+def chunk_pieces(waveform, piece_samples):
+    """``waveform`` cut into consecutive pieces of ``piece_samples`` (the last one shorter)."""
+    return (waveform[start:start + piece_samples] for start in range(0, len(waveform), piece_samples))
+
+
+def pcm_pieces(stream, piece_samples):
+    """Float32 pieces of raw 16-bit little-endian PCM read from a binary ``stream`` until it closes (the
+    last piece shorter; an odd byte left at the end is dropped)."""
+    carry = b""
+    while data := stream.read(piece_samples * 2):
+        data = carry + data
+        usable = len(data) - len(data) % 2
+        carry = data[usable:]
+        if usable:
+            yield np.frombuffer(data[:usable], dtype="<i2").astype(np.float32) / 32768.0
+    if carry:
+        logger.warning("stdin ended in the middle of a 16-bit sample: its last byte was dropped")
+
+
+def stream_inputs(trained, entries, args):
+    """``(results, problems)`` of --stream: each entry's recording (stdin for ``-``) fed in chunks."""
+    piece_samples = int(round(args.chunk_ms / 1000 * SAMPLE_RATE))
+    frames, results, problems = chunk_frames(trained, args.chunk_ms), [], []
+    for entry in entries:
+        if entry.audio == STDIN:
+            pieces = pcm_pieces(sys.stdin.buffer, piece_samples)
+        else:
+            kept, waveforms, bad = read_group([entry], through_opus=not args.raw_audio)
+            problems += bad
+            for problem in bad:
+                logger.warning("skipped %s", problem)
+            if not kept:
+                continue
+            pieces = chunk_pieces(waveforms[0], piece_samples)
+        hyp = stream_one(trained, entry.key, pieces, frames, args.left_chunks)
+        results.append((entry, hyp))
+        try:
+            print(f"{entry.key}\t{hyp}", flush=True)
+        except BrokenPipeError:  # the reader went away (``| head -1``): no one reads the other lines
+            os.dup2(os.open(os.devnull, os.O_WRONLY), sys.stdout.fileno())  # nor the flush at exit
+            logger.warning("standard output was closed: stopped after %s", entry.key)
+            break
+    return results, problems
+
+
 def output_text(results, path):
     """The hypotheses as JSONL (``.jsonl``) or as a Kaldi text file."""
     if path.endswith(".jsonl"):
@@ -143,29 +240,24 @@ def score(results):
 def main(argv):
     logging.basicConfig(level=logging.INFO, format="%(levelname)s %(name)s: %(message)s", stream=sys.stderr)
     args = parse_args(argv)
-    entries, rejects = input_entries(args.inputs)
+    if STDIN in args.inputs and not args.stream:
+        raise UserError("transcribe.py: INPUT '-' (raw PCM on stdin) needs --stream")
+    entries, rejects = input_entries([path for path in args.inputs if path != STDIN])
+    if STDIN in args.inputs:
+        entries.append(Entry("stdin", STDIN, None, "stdin"))
     for reject in rejects:
         logger.warning("skipped %s (%s): %s: %s", reject["key"] or "-", reject["origin"], reject["reason"],
                        reject["detail"])
     overrides = {key: getattr(args, key) for key in ("lm_dir", "lm_weight", "ctc_weight")
                  if getattr(args, key) is not None}
     trained = load_trained(args.exp_dir, args.device, args.tokenizer, **overrides)
-    results, problems = [], []
-    for first in range(0, len(entries), args.group_size):
-        kept, waveforms, bad = read_group(entries[first:first + args.group_size], through_opus=not args.raw_audio)
-        for problem in bad:
-            logger.warning("skipped %s", problem)
-        problems += bad
-        if kept:
-            for entry, hyp in zip(kept, transcribe_group(trained, waveforms, args)):
-                print(f"{entry.key}\t{hyp}", flush=True)
-                results.append((entry, hyp))
+    results, problems = (stream_inputs if args.stream else transcribe_inputs)(trained, entries, args)
     if args.output and results:
         atomic_write_text(args.output, output_text(results, args.output))
     skipped = len(rejects) + len(problems)
-    logger.info("transcribed %d recording(s) with %s search; skipped %d%s", len(results),
-                "ctc_greedy" if args.ctc_greedy else "beam", skipped, f"; wrote {args.output}" if args.output
-                and results else "")
+    search = "streaming greedy CTC" if args.stream else "ctc_greedy" if args.ctc_greedy else "beam"
+    logger.info("transcribed %d recording(s) with %s search; skipped %d%s", len(results), search, skipped,
+                f"; wrote {args.output}" if args.output and results else "")
     figures = score(results)
     if figures:
         logger.info("against the inputs' transcripts (%d): WER %.2f %% | CER %.2f %%",

@@ -134,3 +134,28 @@ def test_fbank_computed_by_the_loader_gives_the_same_encoder_states_as_waveforms
     feats = model.compute_features(wavs)
     assert feats.dim() == 3
     assert torch.allclose(model.encode(feats, wav_lens), model.encode(wavs, wav_lens), atol=1e-6)
+
+
+def test_a_chunked_forward_pass_masks_the_future_and_decodes_as_the_full_one():
+    """Under a DynChunkTrainConfig the teacher-forced pass encodes with the chunk mask (its encoder states
+    are encode()'s under the same config, not the full-context ones) and trains; a chunk covering every
+    frame gives the full-context pass's decoder outputs on the unpadded tokens, so the encode-then-decode
+    path is the same decoder as TransformerASR.forward's."""
+    from speechbrain.utils.dynamic_chunk_training import DynChunkTrainConfig
+
+    wavs, wav_lens = torch.randn(2, 16000), torch.tensor([1.0, 0.6])
+    model = fit_normalization(load_graph(attention_type="RelPosMHAXL")["model"], wavs, wav_lens)
+    tokens_bos = torch.tensor([[1, 4, 5], [1, 6, 0]])
+    chunked = DynChunkTrainConfig(chunk_size=4, left_context_size=1)
+    with torch.no_grad():
+        out = model(wavs, wav_lens, tokens_bos, dynchunktrain_config=chunked)
+        assert torch.allclose(out.enc_states, model.encode(wavs, wav_lens, dynchunktrain_config=chunked), atol=1e-5)
+        assert not torch.allclose(out.enc_states, model.encode(wavs, wav_lens), atol=1e-3)
+        whole = model(wavs, wav_lens, tokens_bos, dynchunktrain_config=DynChunkTrainConfig(chunk_size=1000))
+        full = model(wavs, wav_lens, tokens_bos)
+    assert torch.allclose(whole.seq_log_probs[0], full.seq_log_probs[0], atol=1e-5)
+    assert torch.allclose(whole.seq_log_probs[1, :2], full.seq_log_probs[1, :2], atol=1e-5)
+    model.train()
+    loss = model(wavs, wav_lens, tokens_bos, dynchunktrain_config=chunked).ctc_log_probs.mean()
+    loss.backward()
+    assert all(p.grad is not None for p in model.transformer.encoder.layers[0].parameters())

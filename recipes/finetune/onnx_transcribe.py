@@ -1,0 +1,219 @@
+#!/usr/bin/env python3
+"""Transcribe recordings with an ONNX export (``export.py EXP OUT --onnx``), without the training stack.
+
+    python recipes/finetune/onnx_transcribe.py exported/demo_asr a.wav b.flac recordings/
+    python recipes/finetune/onnx_transcribe.py exported/demo_asr recordings/ --threads 2
+
+Needs numpy, soundfile and onnxruntime only (no torch, SpeechBrain, SentencePiece or Tandem): this file
+can be copied next to the exported folder and run in a fresh environment with
+``pip install numpy soundfile onnxruntime``. INPUT is audio files or folders of them (searched
+recursively). Each recording is read as ``transcribe.py`` reads it (channels averaged, resampled to the
+model's rate with SciPy's ``resample_poly`` filter, then coded and decoded with Opus as the training
+shards were; ``--raw_audio``: not), cut at its quietest moments when longer than the model was trained
+on, and decoded with greedy CTC. Prints ``key<TAB>hypothesis`` per recording in input order, as
+``transcribe.py --ctc_greedy --max_batch_size 1`` does for the same model.
+
+The parts that ``transcribe.py`` takes from SciPy, SentencePiece and Tandem (the resampling filter,
+the Fbank's STFT, cutting at silences, piece-to-text) are written here in numpy;
+tests/recipes/test_onnx_export.py checks each against the original.
+"""
+
+import argparse
+import io
+import json
+import logging
+import os
+import re
+import sys
+
+import numpy as np
+import onnxruntime
+import soundfile as sf
+
+logger = logging.getLogger("onnx_transcribe")
+
+CONFIG_FILE, ENCODER_FILE = "onnx_config.json", "encoder.onnx"  # what export.py --onnx writes
+AUDIO_EXTENSIONS = (".wav", ".flac", ".ogg", ".opus", ".mp3", ".sph", ".aiff", ".aif")
+KAISER_BETA = 5.0  # scipy.signal.resample_poly's default window, ('kaiser', 5.0)
+
+
+def parse_args(argv):
+    parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0],
+                                     formatter_class=argparse.RawDescriptionHelpFormatter)
+    parser.add_argument("model_dir", help="a folder written by recipes/finetune/export.py --onnx")
+    parser.add_argument("inputs", nargs="+", help="audio files or folders of them")
+    parser.add_argument("--threads", type=int, default=1, help="onnxruntime intra-op threads")
+    parser.add_argument("--raw_audio", action="store_true",
+                        help="decode the audio as it is, without the training shards' Opus pass")
+    return parser.parse_args(argv)
+
+
+def lowpass_filter(up, down):
+    """The anti-aliasing filter of ``scipy.signal.resample_poly(x, up, down)``: a windowed sinc
+    (Kaiser, beta 5) of 20 * max(up, down) + 1 taps, cut at 1 / max(up, down) of Nyquist, gain ``up``."""
+    rate = max(up, down)
+    half_len = 10 * rate
+    offsets = np.arange(2 * half_len + 1) - half_len
+    taps = np.sinc(offsets / rate) / rate * np.kaiser(2 * half_len + 1, KAISER_BETA)
+    return taps / taps.sum(), half_len
+
+
+def resample_poly(samples, up, down, block=8192):
+    """``samples`` (float32, 1-D) resampled by ``up / down`` (coprime) as ``scipy.signal.resample_poly``
+    does, computed polyphase: output sample k sums the filter's phase (k * down) % up against the
+    input samples ending at (k * down) // up."""
+    taps, half_len = lowpass_filter(up, down)
+    taps = (taps.astype(samples.dtype) * up).astype(np.float64)  # SciPy keeps the input's precision
+    num_out = -(-len(samples) * up // down)
+    start = (half_len + down - half_len % down) // down  # SciPy's n_pre_remove, in output samples
+    shift = down - half_len % down  # its n_pre_pad: zeros before the filter
+    taps = np.concatenate([np.zeros(shift), taps])
+    per_phase = -(-len(taps) // up)
+    phases = np.concatenate([taps, np.zeros(per_phase * up - len(taps))]).reshape(per_phase, up).T
+    padded = np.concatenate([np.zeros(per_phase), samples.astype(np.float64), np.zeros(per_phase + 1)])
+    out = np.empty(num_out)
+    for first in range(0, num_out, block):
+        positions = (np.arange(first, min(first + block, num_out)) + start) * down
+        newest = positions // up + per_phase  # index in ``padded`` of the newest input sample used
+        window = padded[newest[:, None] - np.arange(per_phase)[None, :]]
+        out[first:first + len(positions)] = (window * phases[positions % up]).sum(axis=1)
+    return out.astype(np.float32)
+
+
+def to_mono_rate(samples, rate, target_rate):
+    """Channels ([frames, channels]) averaged, resampled to ``target_rate`` (transcribe.py's reading)."""
+    mono = samples.mean(axis=1) if samples.ndim == 2 else samples
+    if rate != target_rate:
+        common = np.gcd(int(rate), int(target_rate))
+        mono = resample_poly(mono.astype(np.float32), target_rate // common, int(rate) // common)
+    return np.ascontiguousarray(mono, dtype=np.float32)
+
+
+def opus_pass(samples, rate):
+    """``samples`` coded and decoded with Ogg Opus at libsndfile's default bitrate, as the shards hold
+    the training audio."""
+    buffer = io.BytesIO()
+    sf.write(buffer, np.clip(samples, -1.0, 1.0), rate, format="OGG", subtype="OPUS")
+    decoded, _ = sf.read(io.BytesIO(buffer.getvalue()), dtype="float32", always_2d=True)
+    return decoded.mean(axis=1) if decoded.shape[1] > 1 else decoded[:, 0]
+
+
+def read_recording(path, rate, through_opus=True):
+    """The recording at ``path`` as float32 mono at ``rate`` (through Opus unless told not)."""
+    samples, file_rate = sf.read(path, dtype="float32", always_2d=True)
+    if len(samples) == 0:
+        raise ValueError(f"{path}: holds no audio samples")
+    mono = to_mono_rate(samples, file_rate, rate)
+    return opus_pass(mono, rate) if through_opus else mono
+
+
+def power_spectrum(samples, features):
+    """|STFT|² frames [frames, n_fft / 2 + 1] as SpeechBrain's Fbank computes them before its mel
+    filterbank: centred (``n_fft / 2`` zeros each side), its window, one frame per ``hop`` samples."""
+    n_fft, hop = features["n_fft"], features["hop_length"]
+    padded = np.pad(samples.astype(np.float32), n_fft // 2)
+    count = 1 + (len(padded) - n_fft) // hop
+    frames = padded[np.arange(n_fft)[None, :] + hop * np.arange(count)[:, None]]
+    spectrum = np.fft.rfft(frames * np.asarray(features["window"], dtype=np.float32), n=n_fft)
+    return (spectrum.real ** 2 + spectrum.imag ** 2).astype(np.float32)
+
+
+def split_at_silences(samples, max_seconds, rate, frame_seconds=0.025, search_from=0.5):
+    """``[(start, end), ...]`` ranges of ``samples`` no longer than ``max_seconds``, cut at the quietest
+    25 ms frame of the last half of each window (common.inference.split_at_silences)."""
+    limit, frame = int(max_seconds * rate), max(1, int(frame_seconds * rate))
+    ranges, start = [], 0
+    while len(samples) - start > limit:
+        window = samples[start + int(limit * search_from):start + limit]
+        frames = len(window) // frame
+        energy = np.square(window[:frames * frame].reshape(frames, frame)).mean(axis=1)
+        cut = start + int(limit * search_from) + int(np.argmin(energy)) * frame + frame // 2
+        ranges.append((start, cut))
+        start = cut
+    ranges.append((start, len(samples)))
+    return ranges
+
+
+def ctc_greedy(log_probs, blank):
+    """Best token per frame ([frames, vocab]), repeats collapsed, blanks dropped."""
+    best = log_probs.argmax(axis=-1)
+    keep = np.ones(len(best), dtype=bool)
+    keep[1:] = best[1:] != best[:-1]
+    return [int(token) for token in best[keep] if token != blank]
+
+
+def detokenize(ids, tokens):
+    """Token ids → text as SentencePiece decodes them: control pieces dropped, the unknown piece written
+    " ⁇ ", the first piece's leading "▁" removed and every other "▁" read as a space."""
+    skip, unknown = set(tokens["control_ids"]), tokens["unk_id"]
+    pieces = [" ⁇ " if i == unknown else tokens["pieces"][i] for i in ids if i not in skip]
+    if pieces and pieces[0] != " ⁇ ":
+        pieces[0] = pieces[0].removeprefix("▁")
+    return "".join(pieces).replace("▁", " ")
+
+
+class OnnxTranscriber:
+    """An exported model on onnxruntime: ``transcribe(samples)`` → text (float32 mono at its rate)."""
+
+    def __init__(self, model_dir, threads=1):
+        config_path = os.path.join(model_dir, CONFIG_FILE)
+        if not os.path.isfile(config_path):
+            raise FileNotFoundError(f"{config_path} is missing: export the model with "
+                                    "recipes/finetune/export.py EXP OUT --onnx")
+        with open(config_path, encoding="utf-8") as handle:
+            self.config = json.load(handle)
+        options = onnxruntime.SessionOptions()
+        options.intra_op_num_threads, options.inter_op_num_threads = threads, 1
+        self.encoder = onnxruntime.InferenceSession(os.path.join(model_dir, ENCODER_FILE), options,
+                                                    providers=["CPUExecutionProvider"])
+
+    @property
+    def sample_rate(self):
+        return self.config["features"]["sample_rate"]
+
+    def ctc_log_probs(self, samples):
+        """CTC log-probabilities [frames, vocab] of one recording piece."""
+        spectrum = power_spectrum(samples, self.config["features"])[None]
+        return self.encoder.run(["ctc_log_probs"], {"power_spectrum": spectrum})[0][0]
+
+    def transcribe(self, samples):
+        """The text of one recording, pieces longer than the model's ``max_duration`` decoded apart."""
+        texts = []
+        for start, end in split_at_silences(samples, self.config["max_duration"], self.sample_rate):
+            ids = ctc_greedy(self.ctc_log_probs(samples[start:end]), self.config["tokens"]["blank_id"])
+            texts.append(detokenize(ids, self.config["tokens"]))
+        return " ".join(text for text in texts if text)
+
+
+def audio_files(inputs):
+    """``[(key, path)]`` of the inputs: files as given, folders' audio files sorted, recursively."""
+    found = []
+    for path in inputs:
+        if os.path.isdir(path):
+            found += sorted(os.path.join(root, name) for root, _, names in os.walk(path) for name in names
+                            if name.lower().endswith(AUDIO_EXTENSIONS))
+        else:
+            found.append(path)
+    return [(re.sub(r"[^A-Za-z0-9_\-]", "_", os.path.splitext(os.path.basename(p))[0]), p) for p in found]
+
+
+def main(argv):
+    logging.basicConfig(level=logging.INFO, format="%(levelname)s %(name)s: %(message)s", stream=sys.stderr)
+    args = parse_args(argv)
+    transcriber = OnnxTranscriber(args.model_dir, args.threads)
+    done = skipped = 0
+    for key, path in audio_files(args.inputs):
+        try:
+            samples = read_recording(path, transcriber.sample_rate, through_opus=not args.raw_audio)
+        except (OSError, RuntimeError, ValueError, sf.LibsndfileError) as error:
+            logger.warning("skipped %s (%s): %s", key, path, error)
+            skipped += 1
+            continue
+        print(f"{key}\t{transcriber.transcribe(samples)}", flush=True)
+        done += 1
+    logger.info("transcribed %d recording(s) with greedy CTC on onnxruntime; skipped %d", done, skipped)
+    return 0 if done else 1
+
+
+if __name__ == "__main__":
+    sys.exit(main(sys.argv[1:]))

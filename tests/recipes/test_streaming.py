@@ -1,0 +1,107 @@
+"""Dynamic chunk training (chunk_training: True) and transcribe.py --stream on a tiny trained model."""
+
+import os
+import subprocess
+import sys
+
+import numpy as np
+import pytest
+import soundfile as sf
+from speechbrain.utils.dynamic_chunk_training import DynChunkTrainConfig
+
+from common.user_errors import UserError
+from recipes.finetune import train, transcribe
+from tests.recipes.finetune_args import REPO, train_argv
+from tests.recipes.test_transcribe import manifest_with_absolute_paths, printed
+
+
+@pytest.fixture(scope="module")
+def test_files(speech_corpus, tmp_path_factory):
+    _, records = manifest_with_absolute_paths(speech_corpus, tmp_path_factory.mktemp("stream"), count=3)
+    return [r["audio"] for r in records]
+
+
+def test_every_training_batch_draws_a_chunk_configuration_and_evaluation_none(chunk_trained):
+    """With chunk_training on (chunk_prob 1), each training pass encodes under a DynChunkTrainConfig drawn
+    from the configured ranges (chunks of 2-4 frames, left context 1-2 chunks or unlimited, both seen), and
+    validation and test encode with full context; the run trains to its test stage."""
+    exp, calls = chunk_trained
+    drawn = [config for training, config in calls if training]
+    assert drawn and all(isinstance(c, DynChunkTrainConfig) and 2 <= c.chunk_size <= 4 for c in drawn)
+    lefts = {c.left_context_size for c in drawn}
+    assert None in lefts and lefts - {None} <= {1, 2} and lefts - {None}
+    evaluated = [config for training, config in calls if not training]
+    assert evaluated and all(config is None for config in evaluated)
+    assert (exp / "results.json").is_file()
+
+
+def test_a_model_that_cannot_stream_is_refused_before_training(speech_shards, tokenizer_file, tmp_path):
+    """chunk_training with absolute positions (the demo's regularMHA) stops with the key to change."""
+    with pytest.raises(ValueError, match="attention_type: RelPosMHAXL"):
+        train.main(train_argv(speech_shards, tokenizer_file, tmp_path / "exp", "--chunk_training=True"))
+
+
+def test_streaming_a_file_in_one_chunk_equals_offline_greedy(chunk_trained, test_files, capsys):
+    """--stream with a chunk longer than each recording prints offline greedy CTC's lines (not all empty);
+    at 160 ms chunks it prints a line per recording and its partial hypotheses on stderr."""
+    exp, _ = chunk_trained
+    assert transcribe.main([str(exp), *test_files, "--ctc_greedy", "--max_batch_size", "1"]) == 0
+    offline, order = printed(capsys)
+    assert transcribe.main([str(exp), *test_files, "--stream", "--chunk_ms", "60000"]) == 0
+    streamed, streamed_order = printed(capsys)
+    assert streamed == offline and streamed_order == order and any(offline.values())
+    assert transcribe.main([str(exp), *test_files, "--stream", "--chunk_ms", "160", "--left_chunks", "2"]) == 0
+    out = capsys.readouterr()
+    assert [line.split("\t")[0] for line in out.out.splitlines() if "\t" in line] == order
+    assert "partial\t" in out.err
+
+
+def test_stdin_pcm_with_a_partial_final_chunk_ends_when_the_pipe_closes(chunk_trained, test_files, tmp_path):
+    """Raw 16-bit PCM written to transcribe.py's stdin in uneven pieces, ending inside a chunk and with an
+    odd byte, then the pipe closed: the process decodes what came and prints the line file streaming
+    prints for the same samples (the odd byte dropped with a warning)."""
+    exp, _ = chunk_trained
+    samples, _ = sf.read(test_files[0], dtype="int16")
+    sf.write(tmp_path / "same.wav", samples, 16000, subtype="PCM_16")
+    command = [sys.executable, os.path.join(REPO, "recipes", "finetune", "transcribe.py"), str(exp), "-",
+               str(tmp_path / "same.wav"), "--stream", "--chunk_ms", "320", "--raw_audio"]
+    env = dict(os.environ, PYTHONPATH=REPO)
+    process = subprocess.Popen(command, stdin=subprocess.PIPE, stdout=subprocess.PIPE, stderr=subprocess.PIPE,
+                               env=env)
+    data = samples.astype("<i2").tobytes() + b"\x01"
+    assert (len(data) - 1) // 2 % 5120 != 0  # the last 320 ms chunk is partial
+    for start in range(0, len(data), 3001):
+        process.stdin.write(data[start:start + 3001])
+    out, err = process.communicate()  # closes stdin
+    assert process.returncode == 0, err.decode()[-3000:]
+    lines = dict(line.split("\t") for line in out.decode().splitlines())
+    assert lines["stdin"] == lines["same"] and "last byte was dropped" in err.decode()
+
+
+def test_a_closed_stdout_stops_streaming_quietly(chunk_trained, test_files):
+    """The reader of stdout gone before the first line (as ``| head -0`` leaves it): --stream stops with a
+    warning, exit status 0 and no traceback, instead of dying on BrokenPipeError."""
+    command = [sys.executable, os.path.join(REPO, "recipes", "finetune", "transcribe.py"), str(chunk_trained[0]),
+               *test_files, "--stream", "--chunk_ms", "640"]
+    process = subprocess.Popen(command, stdin=subprocess.DEVNULL, stdout=subprocess.PIPE, stderr=subprocess.PIPE,
+                               env=dict(os.environ, PYTHONPATH=REPO))
+    process.stdout.close()
+    err = process.stderr.read().decode()
+    assert process.wait() == 0, err[-3000:]
+    assert "standard output was closed: stopped after" in err and "Traceback" not in err
+
+
+def test_stdin_needs_stream(chunk_trained):
+    with pytest.raises(UserError, match="needs --stream"):
+        transcribe.main([str(chunk_trained[0]), "-"])
+
+
+def test_pcm_pieces_are_the_samples_in_order_whatever_the_reads():
+    """pcm_pieces turns a byte stream into float samples (x / 32768), in pieces of the asked size, the last
+    shorter."""
+    import io
+
+    values = np.arange(-5000, 5000, 7, dtype="<i2")
+    pieces = list(transcribe.pcm_pieces(io.BytesIO(values.tobytes()), 300))
+    assert [len(p) for p in pieces[:-1]] == [300] * (len(pieces) - 1) and 0 < len(pieces[-1]) <= 300
+    assert np.array_equal(np.concatenate(pieces), values.astype(np.float32) / 32768.0)
