@@ -8,7 +8,8 @@
 The open corpus (``--corpus``, default ``data/open/corpus``, made by ``local/synth_corpus.py --profile
 open`` when missing): a seeded ``--labelled-share`` of ``train.jsonl`` is labelled (225 of 1500 at 15 %),
 the rest of train is the unlabelled pool (5.7x the labelled audio; its transcripts are never read), and
-``lm_text.txt`` is the text. Arms (``--arms all``; the default ``core`` is ``scratch+lm,joint+lm``):
+``lm_text.txt`` less every training transcript is the text. Arms (``--arms all``; the default ``core``
+is ``scratch+lm,joint+lm``):
 
 - ``scratch``: recipes/finetune/train.py on the labelled subset; ``+lm``: decoded with recipes/lm trained
   on ``lm_text.txt`` for ``--lm-minutes`` (default: the pretraining's minutes), trained once, fused in
@@ -178,10 +179,11 @@ def prepare(args):
             make_shards.main([os.path.join(corpus, f"{source}.jsonl"), shards[name], "--prefix", name,
                               "--shard-size", "64", "--rebuild", *(["--unlabelled"] if name == NEW_VOICES else [])])
     texts = {}
-    for name, source in (("lm_text", "lm_text.txt"), ("lm_valid", "dev.jsonl")):
+    lm_text = text_without_train(corpus, os.path.join(args.data, "text", "lm_text_without_train.txt"))
+    for name, source in (("lm_text", lm_text), ("lm_valid", os.path.join(corpus, "dev.jsonl"))):
         texts[name] = os.path.join(args.data, "text", f"{name}.parquet")
         if not os.path.isfile(texts[name]):
-            make_text_shards.main([os.path.join(corpus, source), texts[name]])
+            make_text_shards.main([source, texts[name]])
     tokenizer = os.path.join(args.data, "tokenizer_pretrain", "char.model")
     if not os.path.isfile(tokenizer):
         train_tokenizer.main([shards["train"], texts["lm_text"], os.path.dirname(tokenizer), "--model-type", "char",
@@ -190,6 +192,24 @@ def prepare(args):
         logger.warning("%s has no %s.jsonl: the new_voices_pool+lm arm is skipped (make the corpus again with "
                        "local/synth_corpus.py --profile open to get it)", corpus, NEW_VOICES)
     return Data(shards, tests, texts["lm_text"], texts["lm_valid"], tokenizer, shards.get(NEW_VOICES))
+
+
+def text_without_train(corpus, out):
+    """``lm_text.txt`` less every training transcript, written once to ``out``: the pool's transcripts
+    would otherwise reach the LM and text pretraining, and an LM that has read the very sentences it
+    helps pseudo-label flatters self-training. (The labelled subset's are dropped too: it changes with
+    the seed, the LM does not; they are under 3 % of the text.)"""
+    if not os.path.isfile(out):
+        with open(os.path.join(corpus, "train.jsonl"), encoding="utf-8") as lines:
+            train = {json.loads(line)["text"].strip() for line in lines if line.strip()}
+        with open(os.path.join(corpus, "lm_text.txt"), encoding="utf-8") as lines:
+            sentences = [line.strip() for line in lines if line.strip()]
+        kept = [sentence for sentence in sentences if sentence not in train]
+        os.makedirs(os.path.dirname(out), exist_ok=True)
+        atomic_write_text(out, "".join(f"{sentence}\n" for sentence in kept))
+        logger.info("LM text: %d of %d sentences of lm_text.txt, without the %d training transcripts",
+                    len(kept), len(sentences), len(sentences) - len(kept))
+    return out
 
 
 def ensure_corpus(corpus):

@@ -7,6 +7,7 @@ import shlex
 import subprocess
 import sys
 
+from bench.pretrain_gain import text_without_train
 from tests.recipes.finetune_args import REPO, TINY
 from tests.recipes.test_lm import TINY_LM
 from tests.recipes.test_pretrain import TINY as TINY_PRETRAIN
@@ -15,14 +16,15 @@ ROW_KEYS = {"arm", "split", "wer", "wer_ci", "gain_vs_scratch_lm", "gain_ci", "m
 
 
 def tiny_corpus(speech_corpus, folder):
-    """The session's espeak corpus as the bench reads a corpus: its manifests, test as test_seen, and the
-    training transcripts as lm_text.txt (no new voices)."""
+    """The session's espeak corpus as the bench reads a corpus: its manifests, test as test_seen, and as
+    lm_text.txt the training transcripts with each also word-reversed (the bench drops the former; no
+    new voices)."""
     os.makedirs(folder)
     os.symlink(speech_corpus / "wav", folder / "wav")
     for source, name in (("train", "train"), ("dev", "dev"), ("test", "test_seen")):
         (folder / f"{name}.jsonl").write_text((speech_corpus / f"{source}.jsonl").read_text())
     texts = [json.loads(line)["text"] for line in open(speech_corpus / "train.jsonl")]
-    (folder / "lm_text.txt").write_text("\n".join(texts) + "\n")
+    (folder / "lm_text.txt").write_text("\n".join(texts + [" ".join(t.split()[::-1]) for t in texts]) + "\n")
     return folder
 
 
@@ -58,3 +60,14 @@ def test_the_bench_prints_every_arm_with_intervals_and_reuses_finished_arms(spee
     assert "+ " not in "".join(line[:2] for line in second.splitlines())  # no command was run again
     assert "decoded" not in second and second.count("reused") == 4  # LM, pretraining, two finetunes
     assert json.loads(second.strip().splitlines()[-1])["arms"] == rows
+
+
+def test_the_lm_text_holds_no_training_transcript(tmp_path):
+    """The LM and text pretraining read lm_text.txt less every training transcript (the pool's would
+    flatter self-training); other sentences are kept in order, and the file is written once."""
+    (tmp_path / "train.jsonl").write_text("".join(json.dumps({"text": t}) + "\n" for t in ["a b c", "d e"]))
+    (tmp_path / "lm_text.txt").write_text("x y\na b c\nd e f\nd e\nz\n")
+    out = text_without_train(tmp_path, tmp_path / "text" / "lm.txt")
+    assert open(out).read().splitlines() == ["x y", "d e f", "z"]
+    (tmp_path / "lm_text.txt").write_text("changed\n")
+    assert open(text_without_train(tmp_path, out)).read().splitlines() == ["x y", "d e f", "z"]
