@@ -1,8 +1,8 @@
 """Learning benchmark: Tandem against SpeechBrain's own training of the same model, same data, same
 wall-clock budget, in one run on one machine.
 
-Every leg trains from scratch on the open corpus (``make open-corpus``: 2 h of Bible sentences, 23
-voices) for ``--minutes`` (training ends after the epoch that spends them, validation included), one
+Every leg trains from scratch on the open corpus (``make open-corpus``: 2 h of Bible sentences, 22
+training voices) for ``--minutes`` (training ends after the epoch that spends them, validation included), one
 leg after the other, then decodes dev, test_seen (training voices) and test_unseen (voices never heard):
 
 - ``tandem``: ``recipes/finetune/train.py`` with ``recipes/finetune/hparams/small.yaml``, its shards
