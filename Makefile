@@ -24,7 +24,7 @@ system-packages:
 		festvox-us-slt-hts bible-kjv
 
 # The demo finetunes from scratch: it fits 15 minutes on 2 cores. Pretraining first adds ~8 minutes
-# and does not pay on the demo yet (bench/pretrain_gain.py --corpus demo; README, Pretraining).
+# and does not pay on the demo yet (README, Pretraining; bench/pretrain_gain.py measures it on the open corpus).
 demo: setup
 	bash recipes/finetune/run.sh --data $(DEMO_DIR)
 

@@ -19,7 +19,7 @@ import sys
 import tempfile
 import time
 
-from common.audio import encode_opus, read_audio
+from common.audio_io import encode_opus, read_audio
 
 REPO = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 

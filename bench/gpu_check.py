@@ -38,7 +38,7 @@ import soundfile as sf
 import torch
 
 from common.atomic import atomic_write_text
-from common.audio import SAMPLE_RATE
+from common.audio_io import SAMPLE_RATE
 from common.parallel import process_pool
 from recipes.finetune import train
 

@@ -29,8 +29,8 @@ import torch
 from speechbrain.lobes.features import Fbank
 
 from common.data import SpeechLoaderConfig, make_speech_loader
-from common.data.audio import BadDataCounts, decoded_audio
 from common.data.metadata import read_speech_metadata
+from common.data.shard_audio import BadDataCounts, decoded_audio
 from common.data.synthetic import train_tiny_tokenizer, write_shards
 
 logger = logging.getLogger(__name__)

@@ -1,241 +1,525 @@
 #!/usr/bin/env python3
-"""Does pretraining pay? Finetune on a share of the labels from the pretrained checkpoint vs from scratch.
+"""Does joint pretraining beat what a user would do instead? Every arm at 15 % labels, one machine, one run.
 
-    python bench/pretrain_gain.py [--seeds 1234 2] [--modalities text|speech|speech+text]
-        [--labelled-share 0.15] [--pretrain-minutes 7] [--finetune-minutes 9] [--exp DIR]
-        [--pretrained-exp DIR] [--json]
-    python bench/pretrain_gain.py --corpus demo [--finetune-epochs 100] [--pretrain-epochs 30] ...
+    python bench/pretrain_gain.py                              # core: scratch+lm and joint+lm, one subset
+    python bench/pretrain_gain.py --arms all --seeds 3         # the whole table (resumes finished arms)
+    python bench/pretrain_gain.py --arms scratch+lm,text+lm --json
 
-``--corpus open`` (the default; the default config's corpus, ``make open-corpus``; its shards are made by
-the finetune recipe's stages 0-1 when missing): the pretrain recipe with ``hparams/small.yaml`` sees all
-1500 training utterances without transcripts (BEST-RQ targets) and the corpus's ``lm_text.txt`` (Bible
-sentences, none of dev or test) as mono text, which trains the decoder as a language model; its
-tokenizer (characters and ``<mask>``) is built from the transcripts and that text. ``--modalities``
-picks the batches pretraining draws: ``text`` (the default on this corpus: what measured best, the
-speech task does not pay yet), ``speech`` or ``speech+text`` (α = 0.5). Then recipes/finetune/train.py
-(small.yaml) trains twice per seed on the same seeded ``--labelled-share`` of the labelled utterances
-(225 of 1500 at 15 %: the unlabelled pool is 6.7x the labelled set), with that tokenizer and the same
-wall-clock budget: once from scratch, once from the pretrained checkpoint; both are tested on test_seen
-and test_unseen. Each arm gets its measured better setting (``--scratch-overrides``,
-``--finetune-overrides``; README, Pretraining): from scratch without speed perturbation (with it, 225
-utterances stayed on the CTC plateau), from a text-pretrained decoder at a tenth of the rate
-(``lr_scales``). ``--pretrained-exp DIR`` skips pretraining and finetunes from DIR.
+The open corpus (``--corpus``, default ``data/open/corpus``, made by ``local/synth_corpus.py --profile
+open`` when missing): a seeded ``--labelled-share`` of ``train.jsonl`` is labelled (225 of 1500 at 15 %),
+the rest of train is the unlabelled pool (5.7x the labelled audio; its transcripts are never read), and
+``lm_text.txt`` is the text. Arms (``--arms all``; the default ``core`` is ``scratch+lm,joint+lm``):
 
-``--corpus demo``: the demo corpus and configs (k-means units; transcripts as text, Pig Latin pairs),
-budgets in epochs, its test split (a held-out voice), speech and text.
+- ``scratch``: recipes/finetune/train.py on the labelled subset; ``+lm``: decoded with recipes/lm trained
+  on ``lm_text.txt`` for ``--lm-minutes`` (default: the pretraining's minutes), trained once, fused in
+  every ``+lm`` arm (``--lm-weight``, beam ``--lm-beam``, CTC weight ``--lm-ctc-weight``).
+- ``speech``, ``text``, ``joint`` (and each ``+lm``): finetuned from recipes/pretrain/train.py
+  (``--pretrain-config``) on all train audio without transcripts (BEST-RQ), on ``lm_text.txt``, or both,
+  for ``--pretrain-minutes`` each.
+- ``self_training+lm``: scratch + LM pseudo-labels the pool (recipes/finetune/pseudo_label.py: the
+  confidence threshold is chosen on dev, dev and test utterances are refused by key and audio) and
+  finetuning goes on with labelled + pseudo-labelled speech (``--self-training-rounds``, each
+  ``--self-training-minutes``); ``joint+self_training+lm`` does the same from ``joint``: pretraining
+  and self-training together.
+- ``best+lm``: of the pool's uses (speech/text/joint+lm, the self-training arms) the one with the lowest
+  dev WER (median over subsets); its dev figures are printed.
+- ``all_labels+lm``: finetuned on every label of train (the ceiling).
+- ``new_voices_pool+lm``: ``self_training+lm`` whose pool adds ``unlabelled_new_voices.jsonl``
+  (untranscribed speech of the test_unseen voices) when the corpus has it; skipped, saying so, otherwise.
+- ``scratch_equal_minutes``: scratch given the joint arm's pretraining minutes on top of its own.
 
-Goal: the pretrained WER at least 15 % lower (relative) than from scratch, median over the seeds. Prints
-a table per seed (WER, CER, relative WER gain vs scratch, per test split), the median gain per split and
-the commands run; with --json the last line holds every figure. On 2 quiet CPU cores, the open defaults
-(one seed): 35 min measured (pretraining 7 min and the epoch it ends in: 7.6 min for text alone, 2
-epochs; each finetune 9 min plus its decoding: 13.4-13.8 min; up to ~40 on a 20 % slower machine); 27
-min more per further seed; 35 min on the demo.
+Every finetune has the same config, overrides (``--finetune-overrides``; by default no speed
+perturbation for every arm: with it, 225 utterances stayed on the CTC plateau from scratch) and
+``--finetune-minutes``. Selection (the self-training threshold, ``best+lm``) reads dev only; the test
+splits are decoded after every requested arm is trained, once: hypotheses are kept in each arm's folder
+(``bench_hyp_<split>[_lm].jsonl``) and reused, as are finished trainings (``bench_step.json``), so
+``--arms all --seeds 3`` can be built over several runs. ``--seeds N`` draws N labelled subsets (seeds
+1234, 1235, ...); pretrainings, the LM and ``all_labels`` are shared by all of them.
+
+Prints, per subset, arm and split: WER with its bootstrap 95 % interval over utterances, the relative
+WER gain against ``scratch+lm`` with its paired interval (``bench.stats``), and the minutes the arm
+spent in all (pretraining + LM + finetuning + pseudo-labelling, each component counted once); then the
+median over subsets and the goals. ``--json`` ends with one line: ``{"arms": [{"arm", "split", "wer",
+"wer_ci", "gain_vs_scratch_lm", "gain_ci", "minutes"}...], "per_seed": [...], "best": ...}``; with
+several subsets a row holds the median WER and gain, and the interval of the subset whose figure is that
+median. The default run (one pretraining of 7 min and the epoch it ends in, an LM of 7 min, two 9-minute
+finetunes, their test decodings with the LM) is sized to fit 60 minutes on 2 CPU cores.
 """
 
 import argparse
 import json
+import logging
 import os
+import shlex
+import statistics
 import subprocess
 import sys
 import time
+from dataclasses import dataclass, field
 
 import numpy as np
 import pyarrow.parquet as pq
 
-from common.evaluation import read_results
+from bench import stats
+from common.atomic import atomic_write_text
+from common.shard_format import POOL_PARQUET, write_metadata
 
+logger = logging.getLogger("pretrain_gain")
 REPO = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
-CORPORA = {  # what each --corpus uses
-    "demo": {"data": "data/demo", "pretrain_config": "hparams/demo.yaml",
-             "finetune_config": "recipes/finetune/hparams/demo.yaml", "tests": ["test"],
-             "modalities": "speech+text", "scratch_overrides": "", "pretrained_overrides": ""},
-    "open": {"data": "data/open", "pretrain_config": "hparams/small.yaml",
-             "finetune_config": "recipes/finetune/hparams/small.yaml", "tests": ["test_seen", "test_unseen"],
-             "modalities": "text",  # BEST-RQ speech batches took back most of the text's gain
-             # small.yaml's speed perturbation kept 225 utterances on the CTC plateau from scratch
-             "scratch_overrides": '--train_loader={"speed_perturb":null}',
-             # a decoder pretrained as a language model keeps more of it at a tenth of the rate
-             "pretrained_overrides": '--lr_scales={"language_model":0.1}'},
-}
-MODALITY_OVERRIDES = {  # pretrain train.py overrides that restrict the batches to one modality
-    "text": ['--mixing_weights={"speech":0,"text":1}'],
+DEFAULT_CORPUS = os.path.join("data", "open", "corpus")
+NEW_VOICES = "unlabelled_new_voices"
+TEST_SPLITS = ("test_seen", "test_unseen", "test")
+STEP_RECORD = "bench_step.json"
+FIRST_SEED = 1234
+MODALITIES = {  # pretrain train.py overrides that restrict pretraining to one modality
     "speech": ["--text_parquets=[]", "--paired_parquets=[]"],
-    "speech+text": [],
+    "text": ['--mixing_weights={"speech":0,"text":1}'],
+    "joint": [],
 }
+# arm -> (model, decoded with the LM); best+lm is chosen among POOL_ARMS on dev
+ARMS = {
+    "scratch": ("scratch", False), "scratch+lm": ("scratch", True),
+    "speech": ("speech", False), "speech+lm": ("speech", True),
+    "text": ("text", False), "text+lm": ("text", True),
+    "joint": ("joint", False), "joint+lm": ("joint", True),
+    "self_training+lm": ("self_training", True), "joint+self_training+lm": ("joint_self_training", True),
+    "best+lm": (None, True),
+    "all_labels+lm": ("all_labels", True),
+    "new_voices_pool+lm": ("new_voices_pool", True),
+    "scratch_equal_minutes": ("scratch_equal_minutes", False),
+}
+CORE_ARMS = ("scratch+lm", "joint+lm")
+REFERENCE = "scratch+lm"
+POOL_ARMS = ("speech+lm", "text+lm", "joint+lm", "self_training+lm", "joint+self_training+lm")
+SELF_TRAINING = {"self_training": ("scratch", ("pool",)), "joint_self_training": ("joint", ("pool",)),
+                 "new_voices_pool": ("scratch", ("pool", NEW_VOICES))}  # model -> (labeller, pools)
 
 
 def parse_args(argv=None):
     parser = argparse.ArgumentParser(description=__doc__.split("\n")[0],
                                      formatter_class=argparse.ArgumentDefaultsHelpFormatter)
-    parser.add_argument("--corpus", default="open", choices=sorted(CORPORA), help="which built-in corpus")
-    parser.add_argument("--labelled-share", type=float, default=0.15, help="share of labelled utterances")
-    parser.add_argument("--finetune-epochs", type=int, default=100,
-                        help="demo: epochs of each finetune (a 15 %% subset needs more than the demo's)")
-    parser.add_argument("--pretrain-epochs", type=int, default=30, help="demo: pretraining epochs")
-    parser.add_argument("--finetune-minutes", type=float, default=9.0, help="open: each finetune's budget")
+    parser.add_argument("--corpus", default=DEFAULT_CORPUS,
+                        help="corpus folder: train.jsonl, dev.jsonl, test_seen/test_unseen (or test).jsonl, "
+                             "lm_text.txt, optionally unlabelled_new_voices.jsonl")
+    parser.add_argument("--data", help="working folder for shards, text parquets, tokenizer (default: the "
+                                       "corpus folder's parent)")
+    parser.add_argument("--exp", default="exp/bench_pretrain_gain", help="folder of every arm's experiments")
+    parser.add_argument("--arms", default="core", help="core, all, or a comma-separated list of " + ", ".join(ARMS))
+    parser.add_argument("--seeds", type=int, default=1, help="labelled subsets (seeds 1234, 1235, ...)")
+    parser.add_argument("--labelled-share", type=float, default=0.15, help="share of train that is labelled")
     parser.add_argument("--pretrain-minutes", type=float, default=7.0,
-                        help="open: pretraining's budget; it ends after the epoch that spends it (text alone: "
-                             "epochs of 3.7-4.7 min, so 2 epochs, robust to the machine's speed)")
-    parser.add_argument("--modalities", choices=sorted(MODALITY_OVERRIDES),
-                        help="what pretraining sees (default: text on open, speech+text on demo)")
-    parser.add_argument("--speech-only", action="store_const", const="speech", dest="modalities",
-                        help="the same as --modalities speech; its runs are named *_speech")
-    parser.add_argument("--exp", help="folder of the experiments (default exp/bench_pretrain_gain[_open])")
-    parser.add_argument("--seeds", "--seed", type=int, nargs="+", default=[1234],
-                        help="each picks a labelled subset; the claim is the median over them")
-    parser.add_argument("--pretrain-overrides", default="", help="extra pretrain train.py overrides")
-    parser.add_argument("--finetune-overrides",
-                        help="finetune train.py overrides for the pretrained model (default: the corpus's, "
-                             "--lr_scales={\"language_model\":0.1} on open when text is pretrained)")
-    parser.add_argument("--scratch-overrides",
-                        help="finetune train.py overrides for the scratch model (default: the corpus's, "
-                             "--train_loader={\"speed_perturb\":null} on open)")
-    parser.add_argument("--shared-finetune-overrides", default="",
-                        help="finetune train.py overrides for both runs, scratch and pretrained "
-                             "(e.g. --train_loader={\"speed_perturb\":null})")
-    parser.add_argument("--pretrained-exp",
-                        help="finetune from this finished pretraining experiment (its tokenizer) instead of "
-                             "pretraining again: other --seeds' labelled subsets on the same pretrained model")
+                        help="each pretraining's budget (it ends after the epoch that spends it)")
+    parser.add_argument("--lm-minutes", type=float, help="the LM's budget (default: --pretrain-minutes, the "
+                                                          "minutes text pretraining gets)")
+    parser.add_argument("--finetune-minutes", type=float, default=9.0, help="every finetune's budget")
+    parser.add_argument("--self-training-rounds", type=int, default=1, help="pseudo-label + finetune rounds")
+    parser.add_argument("--self-training-minutes", type=float,
+                        help="each round's finetune budget (default: --finetune-minutes)")
+    parser.add_argument("--pretrain-config", default="recipes/pretrain/hparams/small.yaml")
+    parser.add_argument("--finetune-config", default="recipes/finetune/hparams/small.yaml")
+    parser.add_argument("--lm-config", default="recipes/lm/hparams/rnnlm.yaml")
+    parser.add_argument("--pretrain-overrides", default="", help="more pretrain train.py overrides (every arm)")
+    parser.add_argument("--finetune-overrides", default='--train_loader={"speed_perturb":null}',
+                        help="finetune train.py overrides, the same for every arm")
+    parser.add_argument("--lm-overrides", default="", help="more recipes/lm train.py overrides")
+    parser.add_argument("--lm-weight", type=float, default=1.0, help="LM fusion weight (run.sh's, chosen on dev)")
+    parser.add_argument("--lm-beam", type=int, default=16, help="beam size with the LM (run.sh's)")
+    parser.add_argument("--lm-ctc-weight", type=float, default=0.6, help="CTC weight with the LM (run.sh's)")
+    parser.add_argument("--pseudo-label-args", default="", help="more recipes/finetune/pseudo_label.py options")
     parser.add_argument("--json", action="store_true", help="end with one JSON line of the figures")
     args = parser.parse_args(argv)
-    corpus = CORPORA[args.corpus]
-    args.exp = args.exp or "exp/bench_pretrain_gain" + ("_open" if args.corpus == "open" else "")
-    args.data = corpus["data"]
-    args.modalities = args.modalities or corpus["modalities"]
-    if args.scratch_overrides is None:
-        args.scratch_overrides = corpus["scratch_overrides"]
-    if args.finetune_overrides is None:  # lr_scales only help a decoder that text pretraining trained
-        args.finetune_overrides = corpus["pretrained_overrides"] if "text" in args.modalities else ""
+    args.arms = arm_list(args.arms)
+    args.lm_minutes = args.pretrain_minutes if args.lm_minutes is None else args.lm_minutes
+    args.self_training_minutes = args.self_training_minutes or args.finetune_minutes
+    args.corpus, args.exp = os.path.abspath(args.corpus), os.path.abspath(args.exp)
+    args.data = os.path.abspath(args.data or os.path.dirname(args.corpus))
+    for key in ("pretrain_config", "finetune_config", "lm_config"):
+        setattr(args, key, os.path.join(REPO, getattr(args, key)))
     return args
 
 
+def arm_list(spec):
+    """The arms of ``--arms`` (``core``, ``all`` or a list), in table order; unknown names are refused."""
+    names = {"core": CORE_ARMS, "all": tuple(ARMS)}.get(spec, [name.strip() for name in spec.split(",") if name])
+    unknown = [name for name in names if name not in ARMS]
+    if unknown:
+        raise SystemExit(f"error: --arms: unknown arm(s) {unknown}: use core, all or names of {list(ARMS)}")
+    return [name for name in ARMS if name in names]
+
+
+# ---- data -------------------------------------------------------------------------------------------
+
+@dataclass
+class Data:
+    """The prepared corpus: shard folders by split, text parquets, the tokenizer."""
+
+    shards: dict
+    tests: list
+    lm_text: str
+    lm_valid: str
+    tokenizer: str
+    new_voices: str = None
+
+
+def prepare(args):
+    """Shards of every split (and of the new voices, untranscribed), the text parquets and the character
+    tokenizer (with ``<mask>``) that every arm shares; each made once."""
+    from local import make_shards, make_text_shards, train_tokenizer
+
+    corpus = ensure_corpus(args.corpus)
+    tests = [name for name in TEST_SPLITS if os.path.isfile(os.path.join(corpus, f"{name}.jsonl"))]
+    splits = {"train": "train", "valid": "dev", **{name: name for name in tests}}
+    if os.path.isfile(os.path.join(corpus, f"{NEW_VOICES}.jsonl")):
+        splits[NEW_VOICES] = NEW_VOICES
+    shards = {}
+    for name, source in splits.items():
+        shards[name] = os.path.join(args.data, "shards", name)
+        if not os.path.isfile(os.path.join(shards[name], POOL_PARQUET)):
+            make_shards.main([os.path.join(corpus, f"{source}.jsonl"), shards[name], "--prefix", name,
+                              "--shard-size", "64", "--rebuild", *(["--unlabelled"] if name == NEW_VOICES else [])])
+    texts = {}
+    for name, source in (("lm_text", "lm_text.txt"), ("lm_valid", "dev.jsonl")):
+        texts[name] = os.path.join(args.data, "text", f"{name}.parquet")
+        if not os.path.isfile(texts[name]):
+            make_text_shards.main([os.path.join(corpus, source), texts[name]])
+    tokenizer = os.path.join(args.data, "tokenizer_pretrain", "char.model")
+    if not os.path.isfile(tokenizer):
+        train_tokenizer.main([shards["train"], texts["lm_text"], os.path.dirname(tokenizer), "--model-type", "char",
+                              "--user-symbols", "<mask>"])
+    if NEW_VOICES not in shards:
+        logger.warning("%s has no %s.jsonl: the new_voices_pool+lm arm is skipped (make the corpus again with "
+                       "local/synth_corpus.py --profile open to get it)", corpus, NEW_VOICES)
+    return Data(shards, tests, texts["lm_text"], texts["lm_valid"], tokenizer, shards.get(NEW_VOICES))
+
+
+def ensure_corpus(corpus):
+    """The corpus folder; the default open corpus is synthesized when missing, another must exist."""
+    missing = [name for name in ("train.jsonl", "dev.jsonl", "lm_text.txt")
+               if not os.path.isfile(os.path.join(corpus, name))]
+    if missing and corpus == os.path.abspath(DEFAULT_CORPUS) and not os.path.exists(corpus):
+        run([sys.executable, "local/synth_corpus.py", corpus, "--profile", "open"])
+    elif missing:
+        raise SystemExit(f"error: {corpus} lacks {missing}: give --corpus a folder made by local/synth_corpus.py "
+                         "(or one with train.jsonl, dev.jsonl, test*.jsonl and lm_text.txt)")
+    return corpus
+
+
+def labelled_subset(train_shards, share, seed):
+    """``(labelled parquet, pool parquet)`` beside the train shards: a seeded ``share`` of the rows, and
+    the rest with its transcripts removed (the unlabelled pool)."""
+    names = [os.path.join(train_shards, f"metadata_{kind}_{round(100 * share)}_seed{seed}.parquet")
+             for kind in ("labelled", "pool")]
+    if all(os.path.isfile(name) for name in names):
+        return names
+    table = pq.read_table(os.path.join(train_shards, POOL_PARQUET))
+    chosen = np.zeros(table.num_rows, dtype=bool)
+    chosen[np.random.default_rng(seed).choice(table.num_rows, size=max(1, round(share * table.num_rows)),
+                                              replace=False)] = True
+    rows = table.to_pylist()
+    write_metadata([r for r, keep in zip(rows, chosen) if keep], names[0])
+    write_metadata([{**r, "text": None} for r, keep in zip(rows, chosen) if not keep], names[1], unlabelled=True)
+    labelled_s = sum(r["duration"] for r, keep in zip(rows, chosen) if keep)
+    pool_s = sum(r["duration"] for r, keep in zip(rows, chosen) if not keep)
+    logger.info("seed %d: %d labelled utterances (%.2f h), pool %.2f h (%.1fx)", seed, chosen.sum(),
+                labelled_s / 3600, pool_s / 3600, pool_s / max(labelled_s, 1e-9))
+    if pool_s < 5 * labelled_s:
+        logger.warning("the unlabelled pool is only %.1fx the labelled audio (the bench's claim needs >= 5x): "
+                       "lower --labelled-share", pool_s / max(labelled_s, 1e-9))
+    return names
+
+
+# ---- steps: each a training run whose minutes are recorded and reused -------------------------------
+
 def run(command):
-    """Run a command from the repository root, echoing it; stop the benchmark if it fails."""
-    print("+ " + " ".join(command), flush=True)
+    """Run a command from the repository root, echoing it; stop the bench if it fails. Returns minutes."""
+    print("+ " + shlex.join(command), flush=True)
     began = time.perf_counter()
     subprocess.run(command, cwd=REPO, check=True)
-    return time.perf_counter() - began
+    return (time.perf_counter() - began) / 60.0
 
 
-def ensure_open_shards(data):
-    """The open corpus and its shards (finetune recipe stages 0-1), made when missing."""
-    if os.path.isfile(os.path.join(data, "shards", "test_unseen", "metadata_pool.parquet")):
-        return
-    corpus = os.path.join(data, "corpus")
-    if not os.path.isfile(os.path.join(corpus, "train.jsonl")):
-        run([sys.executable, "local/synth_corpus.py", corpus, "--profile", "open"])
-    run(["bash", "recipes/finetune/run.sh", "--data", data, "--stop_stage", "1", "--train", f"{corpus}/train.jsonl",
-         "--valid", f"{corpus}/dev.jsonl", "--test", f"{corpus}/test_seen.jsonl {corpus}/test_unseen.jsonl"])
+def step(folder, command):
+    """Run ``command`` unless ``folder`` holds its finished record; returns the minutes it took (then)."""
+    record = os.path.join(folder, STEP_RECORD)
+    if os.path.isfile(record):
+        with open(record, encoding="utf-8") as f:
+            minutes = json.load(f)["minutes"]
+        print(f"reused {folder} ({minutes:.1f} min)", flush=True)
+        return minutes
+    minutes = run(command)
+    os.makedirs(folder, exist_ok=True)
+    atomic_write_text(record, json.dumps({"minutes": round(minutes, 3), "command": shlex.join(command)}) + "\n")
+    return minutes
 
 
-def prepare_and_pretrain(args, pretrain_exp):
-    """Data, tokenizer (and units) by the pretrain recipe, then pretraining; returns seconds of each."""
-    if args.corpus == "demo":
-        recipe = ["bash", "recipes/pretrain/run.sh", "--data", args.data]
-        budget = [f"--number_of_epochs={args.pretrain_epochs}"]
-    else:
-        ensure_open_shards(args.data)
-        recipe = ["bash", "recipes/pretrain/run.sh", "--data", args.data, "--train", f"{args.data}/shards/train",
-                  "--valid", f"{args.data}/shards/valid", "--text", f"{args.data}/corpus/lm_text.txt",
-                  "--token_type", "char", "--user_symbols", "<mask>", "--speech_targets", "bestrq",
-                  "--config", CORPORA["open"]["pretrain_config"]]
-        budget = [f"--train_minutes={args.pretrain_minutes}"]
-    seconds = {"prepare": run(recipe + ["--stop_stage", "2"])}
-    seconds["pretrain"] = run(recipe + ["--stage", "3", "--exp", pretrain_exp, "--", *budget, "--noprogressbar",
-                                        *MODALITY_OVERRIDES[args.modalities], *args.pretrain_overrides.split()])
-    return seconds
+@dataclass
+class Model:
+    """A trained finetune experiment and the steps (name -> minutes) it took, its inputs' included."""
+
+    folder: str
+    components: dict = field(default_factory=dict)
 
 
-def labelled_subset(shard_dir, share, seed):
-    """Write metadata_labelled_<share>_seed<seed>.parquet beside the shards: a seeded share of the rows."""
-    table = pq.read_table(os.path.join(shard_dir, "metadata_pool.parquet"))
-    rng = np.random.default_rng(seed)
-    rows = np.sort(rng.choice(table.num_rows, size=max(1, round(share * table.num_rows)), replace=False))
-    path = os.path.join(shard_dir, f"metadata_labelled_{round(100 * share)}_seed{seed}.parquet")
-    pq.write_table(table.take(rows), path)
-    return path, len(rows), table.num_rows
+class Bench:
+    """Trains what the requested arms need (once, reusing finished folders) and decodes it."""
+
+    def __init__(self, args, data):
+        self.args, self.data = args, data
+        self.done = {}  # step name -> minutes
+        self.models = {}  # (model name, seed) -> Model
+        self.decoders = {}
+
+    def lm(self):
+        """The LM on lm_text.txt, trained once for ``--lm-minutes``."""
+        if "lm" not in self.done:
+            a, folder = self.args, os.path.join(self.args.exp, "lm")
+            self.done["lm"] = step(folder, [
+                sys.executable, "recipes/lm/train.py", a.lm_config, f"--output_folder={folder}",
+                f"--tokenizer_file={self.data.tokenizer}", f"--train_parquets=[{self.data.lm_text}]",
+                f"--valid_parquet={self.data.lm_valid}", "--number_of_epochs=1000", f"--train_minutes={a.lm_minutes}",
+                "--noprogressbar", *shlex.split(a.lm_overrides)])
+        return os.path.join(self.args.exp, "lm")
+
+    def pretrained(self, modality):
+        """The pretraining on ``modality`` (speech, text, joint), run once for ``--pretrain-minutes``."""
+        name, a = f"pretrain_{modality}", self.args
+        folder = os.path.join(a.exp, name)
+        if name not in self.done:
+            self.done[name] = step(folder, [
+                sys.executable, "recipes/pretrain/train.py", a.pretrain_config, f"--output_folder={folder}",
+                f"--tokenizer_file={self.data.tokenizer}",
+                f"--speech_parquets=[{os.path.join(self.data.shards['train'], POOL_PARQUET)}]",
+                f"--text_parquets=[{self.data.lm_text}]",
+                f"--valid_parquet={os.path.join(self.data.shards['valid'], POOL_PARQUET)}",
+                "--number_of_epochs=1000", f"--train_minutes={a.pretrain_minutes}", "--noprogressbar",
+                *MODALITIES[modality], *shlex.split(a.pretrain_overrides)])
+        return folder
+
+    def finetune(self, name, train_parquets, minutes, init=None):
+        """One finetune (averaged at its end; its test stage is a greedy pass over dev) -> minutes."""
+        a, valid = self.args, os.path.join(self.data.shards["valid"], POOL_PARQUET)
+        folder = os.path.join(a.exp, name)
+        command = [sys.executable, "recipes/finetune/train.py", a.finetune_config, f"--output_folder={folder}",
+                   f"--tokenizer_file={self.data.tokenizer}", f"--train_parquet=[{', '.join(train_parquets)}]",
+                   f"--valid_parquet={valid}", f"--test_parquets=[{valid}]", "--test_search=ctc_greedy",
+                   "--number_of_epochs=1000", f"--train_minutes={minutes}", "--noprogressbar",
+                   *([f"--pretrained={init}"] if init else []), *shlex.split(a.finetune_overrides)]
+        self.done[name] = step(folder, command)
+        return folder
+
+    def model(self, name, seed):
+        """Train (or reuse) model ``name`` on seed ``seed``'s labelled subset; returns its ``Model``."""
+        if (name, seed) not in self.models:
+            self.models[name, seed] = self._build(name, seed)
+        return self.models[name, seed]
+
+    def _build(self, name, seed):
+        a = self.args
+        labelled, pool = labelled_subset(self.data.shards["train"], a.labelled_share, seed)
+        where = f"seed{seed}/{name}"
+        if name in MODALITIES:
+            init = self.pretrained(name)
+            return Model(self.finetune(where, [labelled], a.finetune_minutes, init),
+                         {f"pretrain_{name}": self.done[f"pretrain_{name}"], where: self.done[where]})
+        if name == "scratch":
+            return Model(self.finetune(where, [labelled], a.finetune_minutes), {where: self.done[where]})
+        if name == "scratch_equal_minutes":
+            self.pretrained("joint")  # its minutes are what this arm gets on top
+            extra = self.done["pretrain_joint"]
+            return Model(self.finetune(where, [labelled], a.finetune_minutes + extra), {where: self.done[where]})
+        if name == "all_labels":
+            everything = os.path.join(self.data.shards["train"], POOL_PARQUET)
+            return Model(self.finetune("all_labels", [everything], a.finetune_minutes),
+                         {"all_labels": self.done["all_labels"]})
+        labeller, pools = SELF_TRAINING[name]
+        return self.self_train(where, self.model(labeller, seed), labelled, {"pool": pool, NEW_VOICES:
+                                                                             self.data.new_voices}, pools)
+
+    def self_train(self, where, labeller, labelled, pool_paths, pools):
+        """Rounds of pseudo-labelling the pools with ``labeller`` + LM and finetuning from it."""
+        a, lm = self.args, self.lm()
+        components = {**labeller.components, "lm": self.done["lm"]}
+        current = labeller.folder
+        for number in range(1, a.self_training_rounds + 1):
+            folder = os.path.join(a.exp, where, f"round{number}")
+            labels = os.path.join(folder, "pseudo_labels")
+            held_out = [self.data.shards[name] for name in ["valid", *self.data.tests]]
+            components[f"{where}/labels{number}"] = step(labels, [
+                sys.executable, "recipes/finetune/pseudo_label.py", current,
+                "--unlabelled", *[pool_paths[p] for p in pools], "--valid", self.data.shards["valid"],
+                "--held_out", *held_out, "--output", labels, "--lm_dir", lm, "--lm_weight", str(a.lm_weight),
+                "--beam", str(a.lm_beam), "--ctc_weight", str(a.lm_ctc_weight), *shlex.split(a.pseudo_label_args)])
+            current = self.finetune(f"{where}/round{number}", [labelled, os.path.join(labels, POOL_PARQUET)],
+                                    a.self_training_minutes, init=os.path.join(labels, "model"))
+            components[f"{where}/round{number}"] = self.done[f"{where}/round{number}"]
+        return Model(current, components)
+
+    def decode(self, model, split, with_lm):
+        """``bench_hyp_<split>[_lm].jsonl`` of ``model`` (decoded once, then reused) -> ``stats.Scored``."""
+        path = os.path.join(model.folder, f"bench_hyp_{split}{'_lm' if with_lm else ''}.jsonl")
+        if not os.path.isfile(path):
+            from common.pseudo_labels import decode_scored, parquet_audio, parquet_texts
+
+            began = time.perf_counter()
+            parquet = os.path.join(self.data.shards[split], POOL_PARQUET)
+            refs = parquet_texts([parquet])
+            hyps = {s.key: s.text for s in decode_scored(self.decoder(model.folder, with_lm), parquet_audio([parquet]),
+                                                         self.args.lm_beam if with_lm else None)}
+            atomic_write_text(path, "".join(json.dumps({"key": k, "hyp": hyps.get(k, ""), "ref": refs[k]},
+                                                       ensure_ascii=False) + "\n" for k in sorted(refs)))
+            print(f"decoded {split} with {model.folder}{' + LM' if with_lm else ''} "
+                  f"({(time.perf_counter() - began) / 60:.1f} min)", flush=True)
+        return stats.read_scored(path)
+
+    def decoder(self, folder, with_lm):
+        """The averaged model of ``folder`` ready to decode (with the bench's LM settings), loaded once."""
+        from common.inference import load_trained
+
+        if (folder, with_lm) not in self.decoders:
+            settings = ({"lm_dir": self.lm(), "lm_weight": self.args.lm_weight, "ctc_weight": self.args.lm_ctc_weight}
+                        if with_lm else {"lm_weight": 0.0})
+            self.decoders = {(folder, with_lm): load_trained(folder, **settings)}  # one model in memory at a time
+        return self.decoders[folder, with_lm]
+
+    def minutes(self, model, with_lm):
+        """Minutes the arm spent in all: its model's steps, plus the LM's when it decodes with it."""
+        components = dict(model.components)
+        if with_lm:
+            components["lm"] = self.done["lm"]
+        return sum(components.values())
 
 
-def finetune(args, name, parquet, tokenizer, pretrained=None):
-    """One finetune + test run; returns ({test split: figures}, seconds)."""
-    corpus, shards = CORPORA[args.corpus], os.path.join(args.data, "shards")
-    output = os.path.join(args.exp, name)
-    tests = ", ".join(f"{shards}/{split}/metadata_pool.parquet" for split in corpus["tests"])
-    budget = ([f"--number_of_epochs={args.finetune_epochs}"] if args.corpus == "demo"
-              else ["--number_of_epochs=1000", f"--train_minutes={args.finetune_minutes}"])
-    arm = args.finetune_overrides if pretrained else args.scratch_overrides
-    command = [sys.executable, "recipes/finetune/train.py", corpus["finetune_config"],
-               f"--output_folder={output}", f"--tokenizer_file={tokenizer}", f"--train_parquet={parquet}",
-               f"--valid_parquet={shards}/valid/metadata_pool.parquet", f"--test_parquets=[{tests}]",
-               *budget, "--noprogressbar", *args.shared_finetune_overrides.split(), *arm.split()]
-    if pretrained:
-        command.append(f"--pretrained={pretrained}")
-    seconds = run(command)
-    results = read_results(os.path.join(output, "results.json"))
-    return {split: results[split] for split in corpus["tests"]}, seconds
+# ---- the table --------------------------------------------------------------------------------------
+
+def available_arms(args, data):
+    """The requested arms this corpus allows (new_voices_pool+lm needs the new voices' speech)."""
+    arms = list(args.arms)
+    if "new_voices_pool+lm" in arms and data.new_voices is None:
+        print("new_voices_pool+lm skipped: the corpus has no unlabelled_new_voices.jsonl", flush=True)
+        arms.remove("new_voices_pool+lm")
+    return arms
 
 
-def relative_gain(scratch, pretrained):
-    """How much lower the pretrained WER is, relative to scratch (negative: worse)."""
-    return (scratch["wer"] - pretrained["wer"]) / max(scratch["wer"], 1e-9)
+def train_all(bench, arms, seeds):
+    """Every model the arms need, on every seed (``best+lm``'s candidates and the reference included)."""
+    needed = [REFERENCE, *arms, *(POOL_ARMS if "best+lm" in arms else ())]
+    for seed in seeds:
+        for arm in dict.fromkeys(needed):
+            name, with_lm = ARMS[arm]
+            if name is not None:
+                bench.model(name, seed)
+            if with_lm:
+                bench.lm()
 
 
-def table(results, seconds):
-    """The results table: WER / CER of each run per test split, and the WER change against scratch."""
-    lines = [f"{'init':<20}{'split':<13}{'WER %':>8}{'CER %':>8}{'WER vs scratch':>16}{'minutes':>9}"]
-    for name, splits in results.items():
-        for split, figures in splits.items():
-            change = "—" if name == "scratch" else f"{-relative_gain(results['scratch'][split], figures):+.1%}"
-            lines.append(f"{name:<20}{split:<13}{figures['wer']:>8.2f}{figures['cer']:>8.2f}{change:>16} "
-                         f"{seconds[name] / 60:>8.1f}")
+def choose_best(bench, seeds):
+    """``best+lm``: the pool arm of lowest median dev WER over the seeds; prints the dev figures."""
+    dev = {arm: statistics.median(stats.error_rate(bench.decode(bench.model(ARMS[arm][0], seed), "valid", True)).value
+                                  for seed in seeds) for arm in POOL_ARMS}
+    best = min(dev, key=dev.get)
+    print("best+lm chosen on dev (median WER % over subsets): " +
+          ", ".join(f"{arm} {wer:.2f}" for arm, wer in dev.items()) + f" -> {best}", flush=True)
+    return best, dev
+
+
+def seed_rows(bench, arms, seed, splits, best):
+    """The rows of one seed: arm, split, WER and interval, gain against scratch+lm and interval, minutes."""
+    rows = []
+    reference = bench.model("scratch", seed)
+    for split in splits:
+        baseline = bench.decode(reference, split, True)
+        for arm in arms:
+            name, with_lm = ARMS[best if arm == "best+lm" else arm]
+            model = bench.model(name, seed)
+            scored = bench.decode(model, split, with_lm)
+            wer, gain = stats.error_rate(scored), stats.relative_gain(scored, baseline)
+            rows.append({"arm": arm, "split": split, "seed": seed, "wer": round(wer.value, 2),
+                         "wer_ci": [round(wer.low, 2), round(wer.high, 2)], "gain_vs_scratch_lm": round(gain.value, 4),
+                         "gain_ci": gain.as_list(), "minutes": round(bench.minutes(model, with_lm), 1)})
+    return rows
+
+
+def median_rows(rows, arms, splits):
+    """Per arm and split, the median over seeds of WER and gain, each with the interval of the seed whose
+    figure is that median (the lower middle one for an even count), and the median minutes."""
+    merged = []
+    for split in splits:
+        for arm in arms:
+            mine = [r for r in rows if r["arm"] == arm and r["split"] == split]
+            by_wer = sorted(mine, key=lambda r: r["wer"])[(len(mine) - 1) // 2]
+            by_gain = sorted(mine, key=lambda r: r["gain_vs_scratch_lm"])[(len(mine) - 1) // 2]
+            merged.append({"arm": arm, "split": split, "wer": stats.median_over_seeds([r["wer"] for r in mine])[0],
+                           "wer_ci": by_wer["wer_ci"],
+                           "gain_vs_scratch_lm": stats.median_over_seeds([r["gain_vs_scratch_lm"] for r in mine])[0],
+                           "gain_ci": by_gain["gain_ci"],
+                           "minutes": stats.median_over_seeds([r["minutes"] for r in mine])[0]})
+    return merged
+
+
+def format_table(rows, title):
+    """One line per arm and split: WER [interval], gain vs scratch+lm [interval], minutes."""
+    lines = [title, f"{'arm':<24}{'split':<13}{'WER % [95 % CI]':>24}{'gain vs scratch+lm [95 % CI]':>32}"
+                    f"{'minutes':>9}"]
+    for r in rows:
+        wer = f"{r['wer']:.2f} [{r['wer_ci'][0]:.2f}, {r['wer_ci'][1]:.2f}]"
+        gain = ("—" if r["arm"] == REFERENCE else
+                f"{r['gain_vs_scratch_lm']:+.1%} [{r['gain_ci'][0]:+.1%}, {r['gain_ci'][1]:+.1%}]")
+        lines.append(f"{r['arm']:<24}{r['split']:<13}{wer:>24}{gain:>32}{r['minutes']:>9.1f}")
     return "\n".join(lines)
 
 
-def run_name(arm, seed):
-    """The folder of one finetune: scratch / pretrained for seed 1234, with _seed<N> for another seed."""
-    return arm if seed == 1234 else f"{arm}_seed{seed}"
+def gain_text(row):
+    """'12.3 % [4.0, 20.1]': a row's relative gain and its interval, in %."""
+    return f"{row['gain_vs_scratch_lm']:.1%} [{row['gain_ci'][0]:.1%}, {row['gain_ci'][1]:.1%}]"
 
 
-def bench_seed(args, seed, pretrain_exp, arm):
-    """Both finetunes on one seed's labelled subset; returns (results, seconds, labelled, total)."""
-    parquet, labelled, total = labelled_subset(os.path.join(args.data, "shards", "train"),
-                                               args.labelled_share, seed)
-    tokenizer = os.path.join(pretrain_exp, "tokenizer.model")
-    results, seconds = {}, {}
-    results["scratch"], seconds["scratch"] = finetune(args, run_name("scratch", seed), parquet, tokenizer)
-    results[arm], seconds[arm] = finetune(args, run_name(arm, seed), parquet, tokenizer, pretrained=pretrain_exp)
-    return results, seconds, labelled, total
-
-
-def median_gains(per_seed, arm, splits):
-    """The median over seeds of the relative WER gain, per test split."""
-    return {split: float(np.median([relative_gain(results["scratch"][split], results[arm][split])
-                                    for results in per_seed.values()])) for split in splits}
+def goals(rows, tests):
+    """The goals that the finished arms can answer, each met or not (intervals included)."""
+    found = {(r["arm"], r["split"]): r for r in rows}
+    lines = []
+    for split in tests:
+        joint = found.get(("joint+lm", split))
+        if joint:
+            met = joint["gain_vs_scratch_lm"] >= 0.10 and joint["gain_ci"][0] > 0
+            lines.append(f"joint+lm >= 10 % lower WER than scratch+lm on {split}, interval above 0: "
+                         f"{gain_text(joint)}: {'met' if met else 'NOT met'}")
+        speech, equal = found.get(("speech", split)), found.get(("scratch_equal_minutes", split))
+        if speech and equal:
+            lines.append(f"speech pretraining vs scratch at equal minutes on {split}: {speech['wer']:.2f} against "
+                         f"{equal['wer']:.2f} %: {'met' if speech['wer'] < equal['wer'] else 'NOT met'}")
+        best, ceiling = found.get(("best+lm", split)), found.get(("all_labels+lm", split))
+        if best and ceiling:
+            lines.append(f"best+lm within 1.3x all_labels+lm on {split}: {best['wer']:.2f} against 1.3 x "
+                         f"{ceiling['wer']:.2f} %: {'met' if best['wer'] <= 1.3 * ceiling['wer'] else 'NOT met'}")
+    voices = found.get(("new_voices_pool+lm", "test_unseen"))
+    if voices:
+        met = voices["gain_vs_scratch_lm"] >= 0.25
+        lines.append(f"new_voices_pool+lm >= 25 % lower WER than scratch+lm on test_unseen: "
+                     f"{gain_text(voices)}: {'met' if met else 'NOT met'}")
+    return lines
 
 
 def main(argv=None):
+    logging.basicConfig(level=logging.INFO, format="%(levelname)s %(name)s: %(message)s", stream=sys.stderr)
     args = parse_args(argv)
-    arm = "pretrained" + ("_speech" if args.modalities == "speech" else "")
-    pretrain_exp = args.pretrained_exp or os.path.join(args.exp, arm.replace("pretrained", "pretrain"))
-    pretrain_seconds = {"pretrain": 0.0} if args.pretrained_exp else prepare_and_pretrain(args, pretrain_exp)
-    budget = (f"{args.finetune_epochs} epochs each; pretraining {args.pretrain_epochs} epochs" if args.corpus == "demo"
-              else f"{args.finetune_minutes:g} min each; pretraining {args.pretrain_minutes:g} min")
-    pretraining = (f"reused: {args.pretrained_exp}" if args.pretrained_exp
-                   else f"{args.modalities}, {pretrain_seconds['pretrain'] / 60:.1f} min wall")
-    per_seed, splits = {}, CORPORA[args.corpus]["tests"]
-    for seed in args.seeds:
-        results, seconds, labelled, total = bench_seed(args, seed, pretrain_exp, arm)
-        per_seed[seed] = results
-        print(f"\nseed {seed}: finetune on {labelled} of {total} labelled utterances ({args.labelled_share:.0%}), "
-              f"{budget} ({pretraining})")
-        print(table(results, seconds), flush=True)
-    gains = median_gains(per_seed, arm, splits)
-    for split, gain in gains.items():
-        print(f"relative WER gain of pretraining on {split}, median of {len(args.seeds)} seed(s): {gain:.1%} "
-              f"(goal >= 15 %): {'met' if gain >= 0.15 else 'NOT met'}")
+    data = prepare(args)
+    bench, seeds = Bench(args, data), [FIRST_SEED + i for i in range(args.seeds)]
+    arms = available_arms(args, data)
+    train_all(bench, arms, seeds)
+    best, dev = choose_best(bench, seeds) if "best+lm" in arms else (None, {})
+    rows = []  # the test splits are decoded only now, after every choice made on dev
+    for seed in seeds:
+        rows += seed_rows(bench, arms, seed, data.tests, best)
+        print(format_table([r for r in rows if r["seed"] == seed], f"\nsubset seed {seed} "
+                           f"({args.labelled_share:.0%} of train labelled):"), flush=True)
+    merged = median_rows(rows, arms, data.tests)
+    if len(seeds) > 1:
+        print(format_table(merged, f"\nmedian of {len(seeds)} subsets (intervals: the median subset's):"))
+    for line in goals(merged, data.tests):
+        print(line)
     if args.json:
-        print(json.dumps({"per_seed": {str(seed): results for seed, results in per_seed.items()},
-                          "median_relative_wer_gain": gains, "seconds": pretrain_seconds}))
+        print(json.dumps({"arms": merged, "per_seed": rows, "best": best, "best_dev_wer": dev,
+                          "seeds": seeds, "labelled_share": args.labelled_share}))
 
 
 if __name__ == "__main__":

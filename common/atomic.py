@@ -3,7 +3,6 @@
 A reader (or a rerun after kill -9) sees either the old file or the complete new one, never a part.
 """
 
-import atexit
 import contextlib
 import glob
 import logging
@@ -44,28 +43,3 @@ def remove_temporaries(path):
         logger.info("removing %s, left by an interrupted run", leftover)
         os.remove(leftover)
     return stale
-
-
-RUN_LOCK_NAME = "run.lock"
-
-
-def acquire_run_lock(folder):
-    """Marks ``folder`` as used by this process, so a second run cannot write into it too.
-
-    A lock left by a process that no longer runs is taken over. Released at exit.
-    """
-    path = os.path.join(folder, RUN_LOCK_NAME)
-    try:
-        with open(path, encoding="utf-8") as f:
-            holder = int(f.read().strip() or 0)
-        os.kill(holder, 0)
-    except (FileNotFoundError, ValueError, ProcessLookupError):
-        holder = None
-    if holder is not None and holder != os.getpid():
-        raise RuntimeError(
-            f"{folder} is in use by process {holder} ({path}): wait for it to finish, "
-            "or give another folder (output_folder of a recipe)"
-        )
-    with open(path, "w", encoding="utf-8") as f:
-        f.write(str(os.getpid()))
-    atexit.register(lambda: os.path.exists(path) and os.remove(path))

@@ -14,55 +14,28 @@ moments; ``length_batches`` groups pieces of similar length under a padded-secon
 """
 
 import filecmp
-import io
 import logging
 import os
-import re
 from dataclasses import dataclass
 
 import numpy as np
 import torch
 from hyperpyyaml import load_hyperpyyaml
-from ruamel.yaml import YAML
 
-from common.audio import SAMPLE_RATE
+from common.audio_io import SAMPLE_RATE
 from common.data import Tokenizer, vocab_size
 from common.decoding import beam_search, build_beam_searcher, ctc_greedy, ids_to_text
+from common.models.experiment import graph_yaml, read_config_tree
 from common.models.transfer import TOKENIZER_COPY
+from common.user_errors import UserValueError
 
 logger = logging.getLogger(__name__)
 
-CONFIG_FILE, AVERAGED_FILE, LM_CHECKPOINT = "hyperparams.yaml", "averaged.ckpt", "lm.ckpt"
+AVERAGED_FILE, LM_CHECKPOINT = "averaged.ckpt", "lm.ckpt"
 SEARCHES = ("beam", "ctc_greedy")
 DEFAULT_MAX_DURATION = 30.0  # s: the longest piece decoded when the config sets no max_duration filter
 # The config's decoding keys, as the test stage used them.
 DECODING_KEYS = ("beam_size", "ctc_weight", "length_normalization", "length_bonus", "max_decode_ratio")
-VOCAB_SIZE_CALL = re.compile(r"!apply:common\.data\.vocab_size\s*\[[^\]]*\]")
-VOCAB_SIZE_ANCHOR = re.compile(r"&(\w+)\s+!apply:common\.data\.vocab_size")
-
-
-def read_config_tree(exp_dir):
-    """The experiment's resolved config as a ruamel tree (tags kept, nothing instantiated)."""
-    path = os.path.join(exp_dir, CONFIG_FILE)
-    if not os.path.isfile(path):
-        raise FileNotFoundError(f"{path} is missing: give the output_folder of a finetune run "
-                                "(recipes/finetune/train.py writes hyperparams.yaml there)")
-    with open(path, encoding="utf-8") as f:
-        return YAML().load(f)
-
-
-def graph_yaml(tree, num_tokens, drop=(), block="graph"):
-    """The config's model graph (its ``graph`` block, or another ``block``) as standalone YAML text,
-    with the vocabulary size written as a number and the keys in ``drop`` left out."""
-    graph = tree[block]
-    for key in drop:
-        graph.pop(key, None)
-    buffer = io.StringIO()
-    YAML().dump(graph if block == "graph" else {block: graph}, buffer)
-    text = buffer.getvalue()
-    for anchor in VOCAB_SIZE_ANCHOR.findall(text):  # a number has no aliases: HyperPyYAML renames them
-        text = re.sub(rf"&{anchor}\b\s*", "", text).replace(f"*{anchor}", str(num_tokens))
-    return VOCAB_SIZE_CALL.sub(str(num_tokens), text)
 
 
 def decoding_settings(tree):
@@ -154,8 +127,8 @@ def load_language_model(lm_dir, tokenizer_file, device="cpu"):
     in ``lm.ckpt``), in eval mode; raises when it was trained on another tokenizer's pieces."""
     copy = os.path.join(lm_dir, TOKENIZER_COPY)
     if not os.path.isfile(copy) or not filecmp.cmp(copy, tokenizer_file, shallow=False):
-        raise ValueError(f"the language model {lm_dir} was not trained with {tokenizer_file} (its copy "
-                         f"{copy} differs or is missing): train it with --tokenizer_file={tokenizer_file}")
+        raise UserValueError(f"the language model {lm_dir} was not trained with {tokenizer_file} (its copy "
+                             f"{copy} differs or is missing): train it with --tokenizer_file={tokenizer_file}")
     path = os.path.join(lm_dir, LM_CHECKPOINT)
     if not os.path.isfile(path):
         raise FileNotFoundError(f"{path} is missing: recipes/lm/train.py writes it when training ends")

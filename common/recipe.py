@@ -15,7 +15,9 @@ an error that names the key and the fix.
 """
 
 import dataclasses
+import datetime
 import difflib
+import io
 import logging
 import os
 import re
@@ -28,22 +30,69 @@ import torch
 from hyperpyyaml import load_hyperpyyaml, resolve_references
 from hyperpyyaml.core import recursive_update
 
-from common.atomic import acquire_run_lock
-from common.lock import EVALUATION_KEYS, check_and_write_lock, config_settings, make_lock, pop_force_flag
+from common.atomic import atomic_write_text
+from common.fingerprint import (
+    EVALUATION_KEYS,
+    check_and_write_lock,
+    config_settings,
+    make_lock,
+    pop_force_flag,
+    read_lock,
+)
+from common.process_lock import acquire_process_lock
+from common.user_errors import UserValueError
 
 logger = logging.getLogger(__name__)
 
 BASE_KEY = "base_config"  # a derived config names its base (relative path) and lists what differs
+SIZE_KEY = "model_size"  # a config names its model-size file (relative path): its keys stand in its place
 
 
-class ConfigError(ValueError):
+class ConfigError(UserValueError):
     """A problem in the yaml config or its command-line overrides; the message says the fix."""
 
 
 def read_yaml_tree(path):
-    """The yaml at ``path`` as a ruamel tree: tags (!ref, !new:, !include:) kept, unresolved."""
+    """The yaml at ``path`` as a ruamel tree: tags (!ref, !new:, !include:) kept, unresolved; a
+    ``model_size`` key replaced by the size file's keys (``expand_model_size``)."""
     with open(path, encoding="utf-8") as f:
-        return ruamel.yaml.YAML().load(f)
+        return expand_model_size(ruamel.yaml.YAML().load(f), path)
+
+
+def expand_model_size(tree, config_file):
+    """``tree`` with its ``model_size: sizes.yaml`` key (relative to ``config_file``) replaced, at its
+    place, by the keys of that file: one model size (recipes/hparams/model/sizes/) written once for
+    every config of that size, so pretraining and finetuning of one size cannot disagree."""
+    if not isinstance(tree, dict) or SIZE_KEY not in tree:
+        return tree
+    path = os.path.join(os.path.dirname(config_file), str(tree[SIZE_KEY]))
+    if not os.path.isfile(path):
+        raise ConfigError(f"{config_file}: {SIZE_KEY} {path} does not exist: fix the path (relative to the config)")
+    with open(path, encoding="utf-8") as f:
+        sizes = ruamel.yaml.YAML().load(f) or {}
+    restated = sorted(str(key) for key in sizes if key in tree)
+    if restated:
+        raise ConfigError(f"{config_file} sets {', '.join(restated)} beside {SIZE_KEY}: {path}: a size is written "
+                          "once: change it there, or name another size file")
+    expanded = ruamel.yaml.comments.CommentedMap()
+    for key, value in tree.items():
+        expanded.update(sizes if key == SIZE_KEY else {key: value})
+    return expanded
+
+
+def open_config(path):
+    """A text stream of the config at ``path`` for HyperPyYAML (its ``name`` is ``path``, so ``!include:``
+    paths stay relative to it), with its ``model_size`` expanded."""
+    with open(path, encoding="utf-8") as f:
+        text = f.read()
+    tree = ruamel.yaml.YAML().load(text)
+    if isinstance(tree, dict) and SIZE_KEY in tree:
+        buffer = io.StringIO()
+        ruamel.yaml.YAML().dump(expand_model_size(tree, path), buffer)
+        text = buffer.getvalue()
+    stream = io.StringIO(text)
+    stream.name = path
+    return stream
 
 
 def closest_key_hint(key, known_keys):
@@ -128,7 +177,7 @@ def resolve_derived_config(hparams_file, overrides=None):
 def preview_config(hparams_file, overrides):
     """The config's values with references and overrides resolved, nothing built yet (``!new:`` and
     ``!apply:`` stay unresolved tags)."""
-    with open(hparams_file, encoding="utf-8") as f:
+    with open_config(hparams_file) as f:
         return ruamel.yaml.YAML().load(resolve_references(f, overrides))
 
 
@@ -155,7 +204,7 @@ def load_checked_hparams(hparams_file, overrides="", input_keys=None):
         if input_keys is not None:
             values = preview_config(hparams_file, overrides)
             check_input_paths(values, input_keys(values))
-        with open(hparams_file, encoding="utf-8") as f:
+        with open_config(hparams_file) as f:
             return load_hyperpyyaml(f, overrides)
     except ValueError as error:
         missing = re.search(r"'(.+?)' is a !PLACEHOLDER", str(error))
@@ -174,11 +223,21 @@ def create_output_folder(hparams, hparams_file, overrides, argv):
     if "output_folder" not in hparams:
         raise ConfigError(f"{hparams_file} has no output_folder: add one (e.g. exp/<name>)")
     folder = hparams["output_folder"]
-    sb.create_experiment_directory(folder, hyperparams_to_save=hparams_file, overrides=overrides)
+    sb.create_experiment_directory(folder, overrides=overrides)
     if sb.utils.distributed.if_main_process():
-        acquire_run_lock(folder)
+        acquire_process_lock(folder)
+        save_resolved_config(hparams_file, overrides, os.path.join(folder, "hyperparams.yaml"))
         with open(os.path.join(folder, "command.txt"), "a", encoding="utf-8") as f:
             f.write(shlex.join(["python", sys.argv[0], *argv]) + "\n")
+
+
+def save_resolved_config(hparams_file, overrides, path):
+    """Writes the config with its overrides and references resolved to ``path`` (SpeechBrain's
+    hyperparams.yaml, read by common.models.experiment to rebuild the model)."""
+    with open_config(hparams_file) as f:
+        resolved = resolve_references(f, overrides).getvalue()
+    atomic_write_text(path, f"# Generated {datetime.date.today()} from:\n# {os.path.abspath(hparams_file)}\n"
+                      f"# yamllint disable\n{resolved}")
 
 
 def check_input_paths(hparams, keys):
@@ -226,9 +285,9 @@ def prepare_experiment(argv, input_keys=None):
     group when launched by torchrun, creates the experiment folder. Returns ``(hparams, run_opts)``
     for ``sb.Brain``."""
     argv, force_resume = pop_force_flag(argv)
-    hparams_file, run_opts, overrides = sb.parse_arguments(last_override_wins(argv))
-    hparams_file, overrides = resolve_derived_config(hparams_file, overrides)
-    hparams = load_checked_hparams(hparams_file, overrides, input_keys)
+    config_file, run_opts, command_line = sb.parse_arguments(last_override_wins(argv))
+    hparams = load_checked_hparams(config_file, command_line, input_keys)  # errors name the config given
+    hparams_file, overrides = resolve_derived_config(config_file, command_line)
     run_opts = choose_distributed_backend(run_opts)
     sb.utils.distributed.ddp_init_group(run_opts)
     create_output_folder(hparams, hparams_file, overrides, argv)
@@ -248,13 +307,13 @@ def lock_settings(values, input_keys):
 
 
 def lock_inputs(hparams, keys, config_file, force_resume=False, settings=None):
-    """Write the experiment's ``lock.json`` (``common.lock``); a resume on changed training inputs stops
+    """Write the experiment's ``lock.json`` (``common.fingerprint``); a resume on changed training inputs stops
     here, before any work (every rank raises, so no rank waits for the others)."""
     folder = hparams["output_folder"]
     save_folder = hparams.get("save_folder", os.path.join(folder, "save"))
     has_checkpoints = os.path.isdir(save_folder) and any(name.startswith("CKPT") for name in os.listdir(save_folder))
     workers = hparams.get("num_workers", 0)
     world_size = int(os.environ.get("WORLD_SIZE", 1))
-    lock = make_lock(hparams, keys, world_size, workers, config_file, settings)
+    lock = make_lock(hparams, keys, world_size, workers, config_file, settings, previous=read_lock(folder))
     check_and_write_lock(folder, lock, has_checkpoints, force_resume, write=sb.utils.distributed.if_main_process(),
                          training=bool(hparams.get("do_train", True)))

@@ -19,9 +19,10 @@ import tarfile
 
 import pyarrow.compute
 
-from common.audio import SAMPLE_RATE, decode_opus
+from common.audio_io import SAMPLE_RATE, decode_opus
 from common.parallel import process_pool
 from common.shard_format import CORE_PARQUET, METADATA_SCHEMA, POOL_PARQUET, read_metadata
+from common.user_errors import run_command
 
 logger = logging.getLogger("check_shards")
 DURATION_TOLERANCE_S = 0.020
@@ -167,4 +168,4 @@ def audio_summary(shard_dir):
 
 
 if __name__ == "__main__":
-    main()
+    run_command(main)

@@ -12,6 +12,7 @@ import argparse
 import sys
 
 from common.recipe import ConfigError, read_yaml_tree, resolve_derived_config
+from common.user_errors import run_command
 
 
 def config_value(config, key):
@@ -39,4 +40,4 @@ def main(argv=None):
 
 
 if __name__ == "__main__":
-    main()
+    run_command(main)

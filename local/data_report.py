@@ -14,11 +14,11 @@ writes the same report with the config's loader, model and filters and stops bef
 import argparse
 import logging
 import os
-import sys
 
 from common.data import SpeechLoaderConfig, Tokenizer, make_speech_loader
-from common.data_report import speech_loader_report, write_report
+from common.data.report import speech_loader_report, write_report
 from common.shard_format import POOL_PARQUET
+from common.user_errors import run_command
 
 
 def parse_args(argv):
@@ -57,4 +57,4 @@ def main(argv=None):
 
 
 if __name__ == "__main__":
-    sys.exit(main())
+    run_command(main)

@@ -40,10 +40,11 @@ import pyarrow as pa
 import pyarrow.parquet as pq
 
 from common.atomic import atomic_path, atomic_write_text, remove_temporaries
-from common.data.audio import BadDataCounts, decoded_audio
+from common.data.shard_audio import BadDataCounts, decoded_audio
 from common.data.units import KMEANS_CENTERS, KMEANS_JSON, UNITS_PARQUET, UNITS_SCHEMA, read_kmeans_info
 from common.parallel import process_pool
 from common.shard_format import read_metadata
+from common.user_errors import run_command
 
 logger = logging.getLogger("extract_units")
 PARTS = "parts"
@@ -309,4 +310,4 @@ def main(argv=None):
 
 
 if __name__ == "__main__":
-    main()
+    run_command(main)

@@ -8,7 +8,7 @@
 INPUT is a .jsonl or .tsv manifest, a WeNet / CosyVoice data.list, a Common Voice TSV (clips/ beside
 it), a Kaldi data folder, a LibriSpeech-style folder, a folder of audio with .txt transcripts or a Hugging
 Face dataset saved as parquet (audio bytes extracted once to OUT_DIR/.parts/audio), detected
-from the input (see local/corpus_readers.py); the --*-field options name a manifest's fields.
+from the input (see common/corpora/readers.py); the --*-field options name a manifest's fields.
 With --unlabelled, audio without a transcript (a folder of audio alone, a manifest without a text field,
 a Kaldi folder without ``text``) is kept with a null text: shards for pretraining, which the finetune
 loader refuses.
@@ -41,7 +41,8 @@ import soundfile as sf
 from tqdm import tqdm
 
 from common.atomic import atomic_write_text
-from common.audio import OPUS_KBPS_RANGE, SAMPLE_RATE, AudioError, encode_opus, read_audio, read_audio_command
+from common.audio_io import OPUS_KBPS_RANGE, SAMPLE_RATE, AudioError, encode_opus, read_audio, read_audio_command
+from common.corpora.readers import FORMATS, make_reject, read_corpus
 from common.parallel import process_pool
 from common.shard_format import (
     CORE_PARQUET,
@@ -52,7 +53,7 @@ from common.shard_format import (
     sample_json,
     write_metadata,
 )
-from local.corpus_readers import FORMATS, make_reject, read_corpus
+from common.user_errors import run_command
 
 logger = logging.getLogger("make_shards")
 PARTS = ".parts"
@@ -63,8 +64,10 @@ def parse_args(argv=None):
         description="Turn a corpus into WebDataset shards (16 kHz mono Opus + json) and a metadata "
         "parquet. Rerunning the same command resumes.",
         formatter_class=argparse.ArgumentDefaultsHelpFormatter)
-    parser.add_argument("input", help="a .jsonl or .tsv manifest, a Kaldi data folder, or a folder of "
-                        "audio files with same-named .txt transcripts")
+    parser.add_argument("input", help="a .jsonl or .tsv manifest, a WeNet / CosyVoice data.list, a Common "
+                        "Voice TSV (clips/ beside it), a Kaldi data folder, a LibriSpeech-style folder, a folder "
+                        "of audio files with same-named .txt transcripts, or a Hugging Face dataset saved as "
+                        "parquet (a .parquet file or a folder of them)")
     parser.add_argument("out_dir", help="folder for the shards and parquets (created)")
     parser.add_argument("--format", default="auto", choices=("auto",) + FORMATS,
                         help="input layout; auto detects it from INPUT")
@@ -330,4 +333,4 @@ def report(summary):
 
 
 if __name__ == "__main__":
-    main()
+    run_command(main)

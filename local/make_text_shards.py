@@ -49,6 +49,7 @@ from common.shard_format import (
     text_shard_name,
     write_text_shard,
 )
+from common.user_errors import run_command
 
 logger = logging.getLogger("make_text_shards")
 
@@ -275,4 +276,4 @@ def main(argv=None):
 
 
 if __name__ == "__main__":
-    main()
+    run_command(main)

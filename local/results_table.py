@@ -9,6 +9,7 @@ import os
 import sys
 
 from common.evaluation import format_results_table
+from common.user_errors import run_command
 
 
 def main(argv=None):
@@ -23,4 +24,4 @@ def main(argv=None):
 
 
 if __name__ == "__main__":
-    main()
+    run_command(main)

@@ -9,10 +9,14 @@ is spoken by a voice never heard in training.
     python local/synth_corpus.py data/demo/corpus --num-train 1000 --num-dev 100 --num-test 100
 
 ``--profile open``: an open-vocabulary corpus (``local/open_corpus.py``): King James Bible sentences
-(12,000 distinct words) spoken by 23 training voices of espeak-ng, flite and festival, with noise,
-rooms, silences, levels, sample rates of 8-48 kHz, wav / flac / mp3 / ogg and some stereo files;
-splits train (about 2 h), dev, test_seen (training voices) and test_unseen (6 voices never heard),
-and ``lm_text.txt``: the 58,000 other sentences of the text, none from dev or test, for a language model.
+(12,000 distinct words) spoken by 22 training voices of espeak-ng and flite, with noise, rooms,
+silences, levels, sample rates of 8-48 kHz, wav / flac / mp3 / ogg and some stereo files; splits train
+(about 2 h), dev, test_seen (training voices), test_unseen (7 voices of types and a gender no training
+voice has) and unlabelled_new_voices (those new voices, untranscribed: the words only as
+``diagnostic_text``); dev and test sentences come from four whole books that nothing else uses.
+``lm_text.txt``: the 57,700 sentences of the other books for a language model, less the pool's and any
+sharing a word 6-gram with dev or test; ``summary.json``: hours per split, OOV rates and how near each
+test sentence comes to the LM text (also logged).
 
     python local/synth_corpus.py data/open/corpus --profile open
 
@@ -34,9 +38,11 @@ import subprocess
 import numpy as np
 import soundfile as sf
 
-from common.atomic import acquire_run_lock, atomic_write_text
-from common.audio import SAMPLE_RATE, to_mono_rate
+from common.atomic import atomic_write_text
+from common.audio_io import SAMPLE_RATE, to_mono_rate
 from common.parallel import process_pool
+from common.process_lock import acquire_process_lock
+from common.user_errors import run_command
 from local import acoustics, open_corpus
 from local.voices import check_engines
 
@@ -45,6 +51,8 @@ logger = logging.getLogger("synth_corpus")
 TRAIN_VOICES = ["en-us+m1", "en-us+f1", "en+m3", "en-gb-x-rp+f3", "en-us+m4", "en+f4", "en-us+m7"]
 HELD_OUT_VOICE = "en+f2"  # only the test split uses it: a speaker the model never heard
 DEMO_COUNTS = {"train": 1000, "dev": 100, "test": 100}
+# the --num-* option of each split of open_corpus.SPLITS (the demo's three come first)
+OPEN_OPTIONS = ("num_train", "num_dev", "num_test", "num_test_unseen", "num_unlabelled_new_voices")
 
 WORDS = {
     "det": "the a this that every one my your".split(),
@@ -77,13 +85,15 @@ def parse_args(argv=None):
     parser.add_argument("out_dir", help="folder for the manifests and the audio (created)")
     parser.add_argument("--profile", choices=("demo", "open"), default="demo",
                         help="demo: the 150-word grammar; open: open-vocabulary, many voices and "
-                        "recording conditions (--num-* default to 1500 / 150 / 150 / 150 there)")
+                        "recording conditions (--num-* default to 1500 / 150 / 150 / 150 / 300 there)")
     parser.add_argument("--num-train", type=int, help="training utterances (demo: 1000)")
     parser.add_argument("--num-dev", type=int, help="development utterances (demo: 100)")
     parser.add_argument("--num-test", type=int, help="test utterances: the demo's held-out voice, "
                         "the open profile's training voices (demo: 100)")
     parser.add_argument("--num-test-unseen", type=int,
                         help="open profile: test utterances of voices never heard in training")
+    parser.add_argument("--num-unlabelled-new-voices", type=int,
+                        help="open profile: untranscribed utterances of the test_unseen voices, other sentences")
     parser.add_argument("--sentences", help="a UTF-8 text file, one sentence a line, instead of the "
                         "built-in grammar (needs at least as many distinct lines as utterances)")
     parser.add_argument("--seed", type=int, default=1234, help="random seed: same seed, same corpus")
@@ -92,11 +102,12 @@ def parse_args(argv=None):
                         metavar=("LOW", "HIGH"), help="demo: range of the white-noise signal-to-noise ratio")
     args = parser.parse_args(argv)
     defaults = open_corpus.DEFAULT_COUNTS if args.profile == "open" else DEMO_COUNTS
-    for split, option in zip(defaults, ("num_train", "num_dev", "num_test", "num_test_unseen")):
+    if args.profile == "demo" and (args.num_test_unseen, args.num_unlabelled_new_voices) != (None, None):
+        parser.error("--num-test-unseen and --num-unlabelled-new-voices are for --profile open (the demo "
+                     "has one test split and no untranscribed speech)")
+    for split, option in zip(defaults, OPEN_OPTIONS):
         if getattr(args, option) is None:
             setattr(args, option, defaults[split])
-    if args.profile == "demo" and args.num_test_unseen is not None:
-        parser.error("--num-test-unseen is for --profile open (the demo has one test split)")
     if args.profile == "open" and args.sentences:
         parser.error("--sentences is for --profile demo (the open profile reads the King James Bible)")
     return args
@@ -105,8 +116,7 @@ def parse_args(argv=None):
 def split_counts(args):
     """{split: utterances} of the chosen profile."""
     if args.profile == "open":
-        return dict(zip(open_corpus.SPLITS, (args.num_train, args.num_dev, args.num_test,
-                                             args.num_test_unseen)))
+        return {split: getattr(args, option) for split, option in zip(open_corpus.SPLITS, OPEN_OPTIONS)}
     return {"train": args.num_train, "dev": args.num_dev, "test": args.num_test}
 
 
@@ -215,10 +225,15 @@ def _render_open_job(job):
 
 
 def manifest_record(utterance, audio, duration):
-    """One manifest line: the demo's fields, and the open profile's recording conditions."""
+    """One manifest line: the demo's fields, and the open profile's recording conditions. The
+    untranscribed pool's words go in ``diagnostic_text`` instead of ``text`` and ``translation``, so
+    every reader sees untranscribed speech; they are there to score pseudo-labels, not to train on."""
     record = {"id": utterance["id"], "audio": audio, "text": utterance["text"],
               "speaker": utterance["voice"], "duration": round(duration, 4), "lang": "en",
               "translation": pig_latin(utterance["text"])}
+    if utterance["split"] == open_corpus.UNLABELLED:
+        record["diagnostic_text"] = record.pop("text")
+        del record["translation"]
     if "spoken" in utterance:
         record.update({key: utterance[key] for key in open_corpus.CONDITION_FIELDS})
     return record
@@ -228,7 +243,7 @@ def main(argv=None):
     logging.basicConfig(level=logging.INFO, format="%(asctime)s %(name)s: %(message)s")
     args = parse_args(argv)
     os.makedirs(args.out_dir, exist_ok=True)
-    acquire_run_lock(args.out_dir)  # a second run at once would delete this one's temporaries
+    acquire_process_lock(args.out_dir)  # a second run at once would delete this one's temporaries
     plan = plan_utterances(args)
     check_engines({f"espeak:{u['voice']}" if args.profile == "demo" else u["voice"] for u in plan})
     if args.profile == "open":
@@ -251,15 +266,33 @@ def main(argv=None):
         logger.info("%s: %d utterances, %.2f h -> %s", split, len(records),
                     sum(r["duration"] for r in records) / 3600, manifest)
     if args.profile == "open":
-        write_lm_text(plan, os.path.join(args.out_dir, open_corpus.LM_TEXT))
+        lm_text = write_lm_text(plan, os.path.join(args.out_dir, open_corpus.LM_TEXT))
+        write_summary(open_corpus.corpus_summary(plan, lm_text, durations),
+                      os.path.join(args.out_dir, open_corpus.SUMMARY))
 
 
 def write_lm_text(plan, path):
-    """The open corpus' text for a language model: every sentence of the source text that no dev or
-    test utterance says (the training transcripts included), one a line."""
+    """The open corpus' text for a language model, one sentence a line (``open_corpus.lm_sentences``:
+    the training books, none of the pool's sentences, nothing sharing a word 6-gram with dev or test);
+    returns the sentences."""
     sentences = open_corpus.lm_sentences(plan)
     atomic_write_text(path, "".join(sentence + "\n" for sentence in sentences))
-    logger.info("language-model text: %d sentences, none from dev or test -> %s", len(sentences), path)
+    logger.info("language-model text: %d sentences of the training books, no dev/test 6-gram -> %s",
+                len(sentences), path)
+    return sentences
+
+
+def write_summary(summary, path):
+    """``summary.json`` beside the manifests, and one log line per held-out split."""
+    atomic_write_text(path, json.dumps(summary, indent=1) + "\n")
+    for split, figures in summary["held_out"].items():
+        nearest = figures["nearest_lm_relative_edits"]
+        logger.info("%s: OOV %.2f %% of %d words; nearest LM sentence %d word edits at least, median %.0f %% "
+                    "of the sentence; %.1f %% within 20 %%; %d share a 6-gram with train or LM", split,
+                    100 * figures["oov_rate"], figures["words"], figures["nearest_lm_word_edits"]["min"],
+                    100 * nearest["median"], 100 * figures["share_within_20pct_word_edits"],
+                    figures["sharing_6gram_with_train_or_lm"])
+    logger.info("held-out books %s; summary -> %s", ", ".join(summary["held_out_books"]), path)
 
 
 def remove_temporaries(out_dir, folders):
@@ -271,4 +304,4 @@ def remove_temporaries(out_dir, folders):
 
 
 if __name__ == "__main__":
-    main()
+    run_command(main)

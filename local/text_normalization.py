@@ -84,23 +84,32 @@ def split_sentences(verse, max_words=22):
 
 
 def kjv_verses():
-    """The 31,102 verses of the King James Bible, from the ``bible`` program (Debian: bible-kjv)."""
+    """The 31,102 verses of the King James Bible as ``(book, verse text)``, in book order, from the
+    ``bible`` program (Debian: bible-kjv)."""
     if shutil.which("bible") is None:
         raise SystemExit("error: the open corpus reads the King James Bible with the `bible` program: "
                          "install it with `apt-get install bible-kjv` (make setup does)")
     listing = subprocess.run(["bible", "-l", "100000", KJV_BOOKS], check=True, capture_output=True,
                              text=True).stdout
-    return [match.group(1) for match in re.finditer(r"^\s+\d+ (.+)$", listing, flags=re.M)]
+    verses, book = [], None
+    for line in listing.splitlines():
+        heading, verse = re.fullmatch(r"(\S.*\S) \d+", line), re.fullmatch(r"\s+\d+ (.+)", line)
+        if heading:
+            book = heading.group(1)  # "Genesis 1" heads chapter 1 of Genesis; "1 Samuel 3", "Song of Solomon 2"
+        elif verse:
+            verses.append((book, verse.group(1)))
+    return verses
 
 
 def kjv_sentences(min_words=5, max_words=22):
-    """Distinct ``(spoken text, transcript)`` pairs from the KJV, in book order: the spoken text
-    keeps its punctuation (the synthesizers pause at it), the transcript is normalized."""
-    pairs, seen = [], set()
-    for verse in kjv_verses():
+    """Distinct ``(book, spoken text, transcript)`` triples from the KJV, in book order: the spoken
+    text keeps its punctuation (the synthesizers pause at it), the transcript is normalized; a
+    transcript said in several books belongs to the first."""
+    triples, seen = [], set()
+    for book, verse in kjv_verses():
         for piece in split_sentences(verse, max_words):
             transcript = normalize_transcript(piece)
             if min_words <= len(transcript.split()) <= max_words and transcript not in seen:
                 seen.add(transcript)
-                pairs.append((piece.strip(" ,;:"), transcript))
-    return pairs
+                triples.append((book, piece.strip(" ,;:"), transcript))
+    return triples

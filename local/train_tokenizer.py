@@ -42,6 +42,7 @@ from common.shard_format import (
     text_shard_paths,
 )
 from common.tokens import SENTENCEPIECE_IDS
+from common.user_errors import run_command
 
 logger = logging.getLogger("train_tokenizer")
 SPECIAL_PIECES = SENTENCEPIECE_IDS
@@ -232,4 +233,4 @@ def main(argv=None):
 
 
 if __name__ == "__main__":
-    main()
+    run_command(main)

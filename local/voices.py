@@ -31,6 +31,19 @@ ENGINE_PACKAGES = {
     "festival": ["festival", "festvox-kallpc16k", "festvox-kdlpc16k", "festvox-us-slt-hts"],
 }
 ENGINE_PROGRAMS = {"espeak": "espeak-ng", "flite": "flite", "festival": "text2wave"}
+# The person recorded for each flite and festival voice, and their gender: two engines can speak with
+# the same recording (kal's diphones, the CMU ARCTIC slt speaker), so a voice is new only if its
+# speaker is.
+RECORDED_SPEAKERS = {
+    "flite:kal": ("kal", "male"), "flite:kal16": ("kal", "male"), "festival:kal_diphone": ("kal", "male"),
+    "festival:ked_diphone": ("ked", "male"), "flite:awb": ("awb", "male"), "flite:rms": ("rms", "male"),
+    "flite:slt": ("slt", "female"), "festival:cmu_us_slt_arctic_hts": ("slt", "female"),
+}
+# espeak-ng variants that switch to its Klatt synthesizer (a "klatt" line in espeak-ng-data/voices/!v/)
+# rather than its default formant synthesis: another voice type of the same engine.
+ESPEAK_KLATT_VARIANTS = {"klatt", "klatt2", "klatt3", "klatt4", "klatt5", "klatt6", "edward", "edward2",
+                         "adam", "benjamin", "caleb", "david", "announcer", "UniRobot", "robosoft",
+                         "robosoft2", "robosoft3"}
 ESPEAK_BASE_WPM = 165  # espeak-ng's words per minute at speed 1.0
 ESPEAK_BASE_PITCH = 50  # espeak-ng's pitch (0-99) at pitch 1.0
 TIMEOUT_S = 120
@@ -47,6 +60,15 @@ def engine_of(voice):
         raise ValueError(f"voice {voice!r}: expected engine:name with engine one of "
                          f"{sorted(ENGINE_PROGRAMS)}, e.g. espeak:en-us+m3 or flite:awb")
     return engine
+
+
+def voice_type(voice):
+    """What kind of voice it is: 'espeak-formant', 'espeak-klatt', or the engine and recorded speaker
+    ('flite:awb', 'festival:kal': one type per recorded person and engine)."""
+    engine, name = engine_of(voice), voice.split(":", 1)[1]
+    if engine == "espeak":
+        return "espeak-klatt" if name.partition("+")[2] in ESPEAK_KLATT_VARIANTS else "espeak-formant"
+    return f"{engine}:{RECORDED_SPEAKERS.get(voice, (name,))[0]}"
 
 
 def check_engines(voices):

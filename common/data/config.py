@@ -18,8 +18,10 @@ import difflib
 import typing
 from typing import Optional
 
+from common.user_errors import UserValueError
 
-class LoaderConfigError(ValueError):
+
+class LoaderConfigError(UserValueError):
     """A loader block with an unknown key or a value of the wrong type; the message says the fix."""
 
 

@@ -14,6 +14,7 @@ import pyarrow as pa
 import pyarrow.parquet as pq
 
 from common.shard_format import CARRIED_COLUMNS, METADATA_SCHEMA
+from common.user_errors import UserValueError
 
 logger = logging.getLogger(__name__)
 
@@ -53,12 +54,12 @@ def read_table(parquet_paths, columns):
     """Concatenate the given parquets (str, Path or list); add ``shard_path`` resolved per file."""
     paths = [Path(p) for p in ([parquet_paths] if isinstance(parquet_paths, (str, Path)) else parquet_paths)]
     if not paths:
-        raise ValueError("no metadata parquet given: pass OUT_DIR/metadata_pool.parquet of local/make_shards.py")
+        raise UserValueError("no metadata parquet given: pass OUT_DIR/metadata_pool.parquet of local/make_shards.py")
     tables = []
     for path in paths:
         table = pq.read_table(path, columns=columns)
         shard_dir = str(path.resolve().parent)
-        shard_paths = pa.array([f"{shard_dir}/{name}" for name in table["shard_name"].to_pylist()])
+        shard_paths = pa.array([f"{shard_dir}/{name}" for name in table["shard_name"].to_pylist()], pa.string())
         tables.append(table.append_column("shard_path", shard_paths))
     return pa.concat_tables(tables)
 
@@ -102,6 +103,6 @@ def read_text_field(table, text_field):
         texts = [extra.get(text_field) for extra in extras]
         if extras and all(text is None for text in texts):
             known = sorted({key for extra in extras for key in extra} | set(TEXT_COLUMNS))
-            raise ValueError(f"text_field={text_field!r} is in no sample of the metadata: use one of {known}")
+            raise UserValueError(f"text_field={text_field!r} is in no sample of the metadata: use one of {known}")
     texts = [text if isinstance(text, str) and text.strip() else None for text in texts]
     return np.array(texts, dtype=object)

@@ -21,7 +21,7 @@ import sentencepiece
 import torch
 from speechbrain.dataio.batch import PaddedBatch
 
-from common.audio import SAMPLE_RATE
+from common.audio_io import SAMPLE_RATE
 from common.tokens import BLANK, BOS, EOS
 
 logger = logging.getLogger(__name__)

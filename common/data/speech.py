@@ -16,13 +16,14 @@ import numpy as np
 import torch
 from torch.utils.data import DataLoader
 
-from common.data.audio import BadDataCounts, choose_speeds, decode_member, speed_perturb, wanted_members
 from common.data.config import SpeechLoaderConfig
 from common.data.metadata import read_speech_metadata
 from common.data.pipeline import Tokenizer, collate, count_tokens, keep_mask, speech_sample
 from common.data.planning import SlotPlan, batches_to_skip, plan_epoch
+from common.data.shard_audio import BadDataCounts, choose_speeds, decode_member, speed_perturb, wanted_members
 from common.data.stream import BatchStream, SlotDataset
 from common.shard_format import is_unlabelled
+from common.user_errors import UserValueError
 
 logger = logging.getLogger(__name__)
 
@@ -177,6 +178,11 @@ class SpeechLoader(BatchStream):
             self._plans = {epoch: (self.rank_share(plan), speeds)}
         return self._plans[epoch]
 
+    def planned_durations(self, epoch):
+        """Seconds of each metadata row as ``epoch`` reads it (its duration over the epoch's speed): what the
+        plan batches under ``max_batch_seconds``, and what the data report counts."""
+        return self.metadata.durations / self.plan(epoch)[1]
+
     def rank_share(self, plan):
         """This rank's slots: its own shards' (``share="shards"``), or every ``world_size``-th batch of
         the one-rank plan (``share="batches"``: evaluation, where a single shard still splits)."""
@@ -207,7 +213,8 @@ class SpeechLoader(BatchStream):
         self.bad_data = sum((Counter(c) for c in last_counts.values()), Counter())
 
     def end_epoch(self, epoch):
-        audio = sum(self.metadata.durations[b].sum() for slot in self.plan(epoch)[0] for b in slot.batches)
+        durations = self.planned_durations(epoch)
+        audio = sum(durations[b].sum() for slot in self.plan(epoch)[0] for b in slot.batches)
         logger.info("%s loader, epoch %d rank %d: %d batches, %.1f s audio, skipped data %s", self.name, epoch,
                     self.rank, self.batches_in_epoch(epoch), audio, dict(self.bad_data) or "none")
 
@@ -261,7 +268,7 @@ def make_speech_loader(parquets, tokenizer, config, seed=0, rank=0, world_size=1
     """
     config = SpeechLoaderConfig.from_config(config)
     if config.fbank_in_loader and fbank is None:
-        raise ValueError("fbank_in_loader: True needs the model's feature extractor: pass fbank=...")
+        raise UserValueError("fbank_in_loader: True needs the model's feature extractor: pass fbank=...")
     tokenizer = tokenizer if isinstance(tokenizer, Tokenizer) else Tokenizer(tokenizer)
     if require_text:
         refuse_unlabelled(parquets)
@@ -275,7 +282,7 @@ def make_speech_loader(parquets, tokenizer, config, seed=0, rank=0, world_size=1
     metadata.shard_of_row = np.where(keep, metadata.shard_of_row, -1)
     used = metadata.durations[metadata.shard_of_row >= 0]
     if len(used) and used.max() / config.slowest_speed > config.max_batch_seconds:
-        raise ValueError(
+        raise UserValueError(
             f"max_batch_seconds={config.max_batch_seconds} is smaller than the longest utterance allowed "
             f"({used.max() / config.slowest_speed:.2f} s after speed perturbation): raise it or lower max_duration"
         )
@@ -293,7 +300,7 @@ def refuse_unlabelled(parquets):
     """ValueError naming the first untranscribed shard folder among ``parquets``."""
     for path in [parquets] if isinstance(parquets, (str, os.PathLike)) else parquets:
         if is_unlabelled(path):
-            raise ValueError(
+            raise UserValueError(
                 f"{os.path.dirname(os.path.abspath(path))} holds untranscribed speech (made with "
                 "local/make_shards.py --unlabelled): a model trained on transcripts cannot use it. Give it to "
                 "recipes/pretrain (--train), or shard the corpus again without --unlabelled, with its transcripts")

@@ -9,7 +9,7 @@ import pyarrow.parquet as pq
 import sentencepiece
 
 from common.atomic import atomic_path
-from common.audio import encode_opus
+from common.audio_io import encode_opus
 from common.shard_format import (
     POOL_PARQUET,
     TEXT_METADATA_SCHEMA,

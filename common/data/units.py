@@ -22,6 +22,8 @@ import pyarrow as pa
 import pyarrow.parquet as pq
 import torch
 
+from common.user_errors import UserValueError
+
 logger = logging.getLogger(__name__)
 
 UNITS_PARQUET = "units.parquet"
@@ -74,9 +76,9 @@ class UnitTable:
         """Raise when some of ``keys`` (the samples a loader will read) have no units."""
         missing = self.missing(keys)
         if missing:
-            raise ValueError(f"{len(missing)} of {len(keys)} samples of {what} have no units (e.g. "
-                             f"{missing[:3]}): run local/extract_units.py on its shard folders "
-                             "with the same --kmeans")
+            raise UserValueError(f"{len(missing)} of {len(keys)} samples of {what} have no units (e.g. "
+                                 f"{missing[:3]}): run local/extract_units.py on its shard folders "
+                                 "with the same --kmeans")
 
 
 def read_units(units_dirs, expected_hash=None):
@@ -100,8 +102,8 @@ def read_units(units_dirs, expected_hash=None):
     units_by_key = {}
     for folder, info in zip(units_dirs, infos):
         if info["hash"] != reference:
-            raise ValueError(f"{folder} holds units of k-means {info['hash'][:12]}, expected "
-                             f"{reference[:12]}: extract them with --kmeans of the same model")
+            raise UserValueError(f"{folder} holds units of k-means {info['hash'][:12]}, expected "
+                                 f"{reference[:12]}: extract them with --kmeans of the same model")
         units_by_key.update(read_unit_rows(folder, info))
     logger.info("units of %d samples from %s (k-means %s, %d units, %.1f Hz)", len(units_by_key),
                 units_dirs, reference[:12], infos[0]["n_units"], infos[0]["frame_rate_hz"])
@@ -115,12 +117,12 @@ def read_unit_rows(folder, info):
     hashes = set(table["kmeans_hash"].to_pylist())
     rates = set(table["frame_rate_hz"].to_pylist())
     if hashes - {info["hash"]}:
-        raise ValueError(f"{folder}/{UNITS_PARQUET} has rows of k-means {sorted(hashes)}, but its "
-                         f"{KMEANS_JSON} says {info['hash']}: rerun local/extract_units.py into a "
-                         "clean folder")
+        raise UserValueError(f"{folder}/{UNITS_PARQUET} has rows of k-means {sorted(hashes)}, but its "
+                             f"{KMEANS_JSON} says {info['hash']}: rerun local/extract_units.py into a "
+                             "clean folder")
     if any(abs(rate - info["frame_rate_hz"]) > 1e-3 for rate in rates):
-        raise ValueError(f"{folder}: frame rates {sorted(rates)} Hz differ from {KMEANS_JSON}'s "
-                         f"{info['frame_rate_hz']} Hz: rerun local/extract_units.py")
+        raise UserValueError(f"{folder}: frame rates {sorted(rates)} Hz differ from {KMEANS_JSON}'s "
+                             f"{info['frame_rate_hz']} Hz: rerun local/extract_units.py")
     keys = table["sample_key"].to_pylist()
     units = table["units"].to_numpy(zero_copy_only=False)
     return {key: np.asarray(row, dtype=np.int16) for key, row in zip(keys, units)}

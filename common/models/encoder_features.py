@@ -17,7 +17,7 @@ import torch
 from hyperpyyaml import load_hyperpyyaml
 
 from common.data import vocab_size
-from common.inference import graph_yaml, read_config_tree
+from common.models.experiment import graph_yaml, read_config_tree
 from common.models.transfer import TOKENIZER_COPY, load_pretrained
 
 

@@ -16,6 +16,8 @@ import os
 
 from speechbrain.utils.parameter_transfer import Pretrainer
 
+from common.user_errors import UserValueError
+
 logger = logging.getLogger(__name__)
 
 CHECKPOINT_GLOB = "CKPT+*"
@@ -70,5 +72,5 @@ def check_same_tokenizer(source, tokenizer_file):
     token ids would mean other pieces, and the embedding and output sizes may differ."""
     copy = os.path.join(source, TOKENIZER_COPY)
     if os.path.isfile(copy) and not filecmp.cmp(copy, tokenizer_file, shallow=False):
-        raise ValueError(f"{tokenizer_file} is not the tokenizer {source} was pretrained with: "
-                         f"finetune with --tokenizer_file={copy}")
+        raise UserValueError(f"{tokenizer_file} is not the tokenizer {source} was pretrained with: "
+                             f"finetune with --tokenizer_file={copy}")

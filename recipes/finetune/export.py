@@ -27,14 +27,10 @@ import torch
 
 from common.atomic import atomic_path, atomic_write_text
 from common.data import Tokenizer, vocab_size
-from common.inference import (
-    averaged_checkpoint,
-    decoding_settings,
-    graph_yaml,
-    load_language_model,
-    read_config_tree,
-)
+from common.inference import averaged_checkpoint, decoding_settings, load_language_model
+from common.models.experiment import graph_yaml, read_config_tree
 from common.tokens import BLANK, BOS, EOS
+from common.user_errors import run_command
 
 # The graph's modules with a state (weights, filterbank buffers), named as SpeechEncoderDecoder saves them.
 WEIGHT_MODULES = ("compute_features", "frontend", "transformer", "ctc_lin", "seq_lin")
@@ -219,4 +215,4 @@ def main(argv):
 
 
 if __name__ == "__main__":
-    sys.exit(main(sys.argv[1:]))
+    run_command(main, sys.argv[1:])

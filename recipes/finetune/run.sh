@@ -8,6 +8,8 @@
 #   bash recipes/finetune/run.sh --config hparams/demo_st.yaml   # speech translation of the demo
 #   bash recipes/finetune/run.sh --pretrained exp/pretrain_demo  # from recipes/pretrain/run.sh
 #   bash recipes/finetune/run.sh --train ... --lm_text my/text.txt  # + a language model fused at decoding
+#   bash recipes/finetune/run.sh --train ... --lm_text my/text.txt --unlabelled my/untranscribed.jsonl
+#                                                         # + stage 4: self-training on untranscribed speech
 #   bash recipes/finetune/run.sh --stage 2 --nproc_per_node 8 ...  # torchrun DDP over 8 GPUs (stage 3:
 #                                                         # the 8 processes decode a share each)
 #
@@ -19,7 +21,7 @@ set -euo pipefail
 cd "$(dirname "$0")/../.."
 
 stage=0             # first stage to run
-stop_stage=3        # last stage to run
+stop_stage=4        # last stage to run (4 runs only with --unlabelled)
 data=data/demo      # working folder: generated corpus, shards, tokenizer
 train=""            # training corpus or shard folder (default: the synthesized demo corpus)
 valid=""            # validation corpus or shard folder
@@ -38,6 +40,11 @@ lm_weight=1.0       # its fusion weight (1.0 measured best on the open corpus' d
 lm_args=""          # more recipes/lm train.py overrides, space-separated
 lm_decode_args="--beam_size=16 --ctc_weight=0.6"  # stage 3's search with the LM (open corpus' dev:
                     # WER 20.2 -> 17.8 % against the config's beam 8 and CTC weight 0.4, which stay best without it)
+unlabelled=""        # space-separated untranscribed speech (corpora or shard folders): stage 4 self-trains on it:
+                    # the model (with its LM) transcribes it, keeps the hypotheses above a threshold chosen on
+                    # dev (recipes/finetune/pseudo_label.py) and finetuning goes on with labelled + pseudo-labelled
+self_training_rounds=1  # rounds of stage 4: round r labels with round r-1's model, writes <exp>_st<r>
+pseudo_label_args=""  # more pseudo_label.py options, e.g. "--wer_ratio 0.3"
 jobs=$(nproc)       # processes for synthesis and shard encoding
 nproc_per_node=1    # processes (GPUs) on this node: more than 1 trains and decodes under torchrun
 torchrun_args=""    # several nodes: e.g. "--nnodes=2 --rdzv_backend=c10d --rdzv_endpoint=node0:29500 --rdzv_id=x"
@@ -45,7 +52,8 @@ python=${PYTHON:-.venv/bin/python}
 usage="Usage: $0 [--stage N] [--stop_stage N] [--data DIR] [--train PATH] [--valid PATH]
        [--test \"PATH ...\"] [--vocab_size N] [--token_type unigram|bpe|char] [--config YAML]
        [--exp DIR] [--pretrained DIR] [--lm_text \"FILE ...\"] [--lm_valid FILE] [--lm_minutes M]
-       [--lm_weight W] [--lm_args \"...\"] [--lm_decode_args \"...\"] [--jobs N] [--nproc_per_node N]
+       [--lm_weight W] [--lm_args \"...\"] [--lm_decode_args \"...\"] [--unlabelled \"PATH ...\"]
+       [--self_training_rounds N] [--pseudo_label_args \"...\"] [--jobs N] [--nproc_per_node N]
        [--torchrun_args \"...\"]
        [-- train.py overrides]"
 . local/parse_options.sh
@@ -55,10 +63,6 @@ usage="Usage: $0 [--stage N] [--stop_stage N] [--data DIR] [--train PATH] [--val
 # spinning OpenMP threads of two processes starve each other (a demo training step measured 3 instead
 # of 135 audio-s/s beside another training job). Alone, spinning is ~2x faster, hence not the default.
 
-# shard_dir NAME PATH: where the shards of a corpus live (PATH itself when it is a shard folder).
-shard_dir() {
-  if is_shard_dir "$2"; then echo "$2"; else echo "$data/shards/$1"; fi
-}
 # split_name PATH: a short name for a corpus, from its file or folder name.
 split_name() { local base; base=$(basename "$1"); echo "${base%.*}"; }
 
@@ -81,19 +85,9 @@ declare -A corpora=([train]=$train [valid]=$valid)
 for path in $test; do corpora[$(split_name "$path")]=$path; done
 
 if [ "$stage" -le 0 ] && [ "$stop_stage" -ge 0 ]; then
-  if $demo; then
-    log "Stage 0: data: synthesize the demo corpus -> $data/corpus"
-    $python local/synth_corpus.py "$data/corpus" --jobs "$jobs"
-  fi
-  for name in "${!corpora[@]}"; do
-    path=${corpora[$name]}
-    out=$(shard_dir "$name" "$path")
-    if [ "$out" != "$path" ]; then
-      log "Stage 0: data: shard $name: $path -> $out"
-      $python local/make_shards.py "$path" "$out" --jobs "$jobs" --prefix "$name" --shard-size 64 --rebuild
-    fi
-    $python local/check_shards.py "$out" --jobs "$jobs"
-  done
+  splits=()
+  for name in "${!corpora[@]}"; do splits+=("$name=${corpora[$name]}"); done
+  bash local/prepare_speech.sh --data "$data" --demo "$demo" --jobs "$jobs" -- "${splits[@]}"
 fi
 
 [ -f "$config" ] || config=recipes/finetune/$config
@@ -152,4 +146,40 @@ if [ "$stage" -le 3 ] && [ "$stop_stage" -ge 3 ]; then
     "${passthrough[@]}"  # ranks split it
   $python local/results_table.py "$exp/results.json"
   log "Learning curves (loss per term, validation WER / CER, learning rate per epoch): $exp/curves.png"
+fi
+
+if [ "$stage" -le 4 ] && [ "$stop_stage" -ge 4 ] && [ -n "$unlabelled" ]; then
+  pools=()
+  for path in $unlabelled; do
+    out=$(shard_dir "unlabelled_$(split_name "$path")" "$path")
+    if [ "$out" != "$path" ]; then  # its transcripts, if any, are dropped: self-training must not read them
+      log "Stage 4: data: shard untranscribed $path -> $out"
+      $python local/make_shards.py "$path" "$out" --jobs "$jobs" --prefix "$(split_name "$path")" --shard-size 64 \
+        --unlabelled
+    fi
+    pools+=("$out")
+  done
+  held_out=()
+  for path in $test; do held_out+=("$(shard_dir "$(split_name "$path")" "$path")"); done
+  labeller=$exp
+  for round in $(seq 1 "$self_training_rounds"); do
+    round_exp=${exp}_st$round
+    log "Stage 4: self-training round $round: $labeller${lm_text:+ + LM $lm_exp} labels ${pools[*]} -> $round_exp/pseudo_labels"
+    lm_options=()
+    # shellcheck disable=SC2206  # lm_decode_args: several options (pseudo_label.py reads them too)
+    [ -z "$lm_text" ] || lm_options=(--lm_dir "$lm_exp" --lm_weight "$lm_weight" $lm_decode_args)
+    # shellcheck disable=SC2086  # pseudo_label_args: several options
+    $python recipes/finetune/pseudo_label.py "$labeller" --unlabelled "${pools[@]}" \
+      --valid "$(shard_dir valid "$valid")" --held_out "${held_out[@]}" --output "$round_exp/pseudo_labels" \
+      --tokenizer "$tokenizer" "${lm_options[@]}" $pseudo_label_args
+    log "Stage 4: train on labelled + pseudo-labelled, from $labeller -> $round_exp"
+    round_args=("${train_args[@]}" "--output_folder=$round_exp" "--pretrained=$round_exp/pseudo_labels/model"
+      "--train_parquet=[$(pool_parquet "$(shard_dir train "$train")"), $(pool_parquet "$round_exp/pseudo_labels")]")
+    launch_training recipes/finetune/train.py "${round_args[@]}" --do_test=False "${passthrough[@]}"
+    log "Stage 4: decode + score round $round -> $round_exp/results.json"
+    launch_training recipes/finetune/train.py "${round_args[@]}" --do_train=False "${decode_args[@]}" \
+      "${passthrough[@]}"
+    $python local/results_table.py "$exp/results.json" "$round_exp/results.json"
+    labeller=$round_exp
+  done
 fi

@@ -19,7 +19,7 @@ import speechbrain as sb
 
 from common.brain import RecipeBrain, rank_and_world_size
 from common.data import SpeechLoaderConfig, Tokenizer, make_speech_loader, speech_input
-from common.data_report import add_memory_estimate, report_markdown, speech_loader_report, write_report
+from common.data.report import add_memory_estimate, report_markdown, speech_loader_report, write_report
 from common.decoding import beam_search, build_beam_searcher, ctc_greedy, ids_to_text
 from common.evaluation import average_best_checkpoints, record_results
 from common.feasibility import warn_if_infeasible
@@ -29,6 +29,7 @@ from common.models.encoder_decoder import parameter_group
 from common.models.transfer import check_same_tokenizer, load_pretrained
 from common.objectives import check_inter_ctc, joint_ctc_attention_loss
 from common.recipe import end_distributed, prepare_experiment
+from common.user_errors import run_command
 
 logger = logging.getLogger(__name__)
 
@@ -201,7 +202,7 @@ def speech_loader(hparams, parquet, training, rank=0, world_size=1):
 
 
 def training_data_report(loader, tokenizer, model):
-    """The training data's report (``common.data_report``); warns, with the numbers and the setting to
+    """The training data's report (``common.data.report``); warns, with the numbers and the setting to
     change, when CTC cannot align (or barely aligns) the transcripts with the encoder's frame rate."""
     report = add_memory_estimate(speech_loader_report(loader, tokenizer, model.frames_per_second()), model)
     warn_if_infeasible(report["_feasibility"], "training data")
@@ -277,5 +278,4 @@ def main(argv):
 
 
 if __name__ == "__main__":
-    main(sys.argv[1:])
-    end_distributed()
+    run_command(main, sys.argv[1:], cleanup=end_distributed)

@@ -27,10 +27,18 @@ import os
 import sys
 
 from common.atomic import atomic_write_text
-from common.audio import SAMPLE_RATE, AudioError, decode_opus, encode_opus, read_audio
+from common.audio_io import SAMPLE_RATE, AudioError, decode_opus, encode_opus, read_audio
+from common.corpora.readers import (
+    AUDIO_EXTENSIONS,
+    Entry,
+    make_reject,
+    read_corpus,
+    reject_duplicate_keys,
+    sanitize_key,
+)
 from common.inference import length_batches, load_trained, split_at_silences
 from common.metrics import TranscriptMetrics
-from local.corpus_readers import AUDIO_EXTENSIONS, Entry, make_reject, read_corpus, reject_duplicate_keys, sanitize_key
+from common.user_errors import run_command
 
 logger = logging.getLogger("transcribe")
 
@@ -169,4 +177,4 @@ def main(argv):
 
 
 if __name__ == "__main__":
-    sys.exit(main(sys.argv[1:]))
+    run_command(main, sys.argv[1:])

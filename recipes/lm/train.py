@@ -24,6 +24,7 @@ from common.evaluation import average_best_checkpoints
 from common.inference import LM_CHECKPOINT
 from common.models.transfer import TOKENIZER_COPY
 from common.recipe import end_distributed, prepare_experiment
+from common.user_errors import run_command
 
 
 class LanguageModel(RecipeBrain):
@@ -86,5 +87,4 @@ def main(argv):
 
 
 if __name__ == "__main__":
-    main(sys.argv[1:])
-    end_distributed()
+    run_command(main, sys.argv[1:], cleanup=end_distributed)

@@ -9,8 +9,8 @@
 #   bash recipes/pretrain/run.sh --stage 3 --nproc_per_node 8 ...  # torchrun DDP over 8 GPUs
 #
 # Then finetune from it: bash recipes/finetune/run.sh --pretrained exp/pretrain_demo
-# Speech options take shard folders (local/make_shards.py); the demo's are made by the finetune
-# recipe's stage 0. Text options take anything local/make_text_shards.py reads, or its parquet.
+# Speech options take shard folders (local/make_shards.py); the demo's are made by stage 0
+# (local/prepare_speech.sh, as the finetune recipe's). Text options take anything local/make_text_shards.py reads, or its parquet.
 # Each stage is safe to rerun: units and training resume. Arguments after `--` go to train.py.
 set -euo pipefail
 cd "$(dirname "$0")/../.."
@@ -58,13 +58,13 @@ fi
 text_parquet() { case "$2" in *.parquet) echo "$2" ;; *) echo "$data/text/$1.parquet" ;; esac; }
 
 if [ "$stage" -le 0 ] && [ "$stop_stage" -ge 0 ]; then
-  if $demo; then
-    log "Stage 0: data: demo corpus and shards (recipes/finetune/run.sh stage 0) -> $data/shards"
-    bash recipes/finetune/run.sh --stage 0 --stop_stage 0 --data "$data" --jobs "$jobs"
+  if $demo; then  # the finetune recipe's demo corpus, its training and validation splits
+    bash local/prepare_speech.sh --data "$data" --demo true --jobs "$jobs" -- \
+      "train=$data/corpus/train.jsonl" "valid=$data/corpus/dev.jsonl"
   fi
   for split in "$train" $valid; do
     is_shard_dir "$split" || { echo "Error: $split is not a shard folder: make it with" \
-      "local/make_shards.py (or recipes/finetune/run.sh --stage 0 --stop_stage 0)" >&2; exit 2; }
+      "local/make_shards.py (or local/prepare_speech.sh)" >&2; exit 2; }
   done
   if [ -n "$text" ] && [ "$(text_parquet mono "$text")" != "$text" ]; then
     log "Stage 0: data: mono text $text -> $(text_parquet mono "$text")"

@@ -41,13 +41,14 @@ from common.data import (
     make_text_loader,
     speech_input,
 )
+from common.data.report import REPORT_FILE
 from common.data.units import read_units, units_at_frames
-from common.data_report import REPORT_FILE
 from common.masking import mask_spans
 from common.models.pretraining import LM_TASK, check_text_task
 from common.objectives import masked_unit_loss, sequence_loss
 from common.recipe import end_distributed, prepare_experiment
 from common.text_noising import TextNoiser, ordinary_piece_ids
+from common.user_errors import run_command
 
 logger = logging.getLogger(__name__)
 
@@ -269,5 +270,4 @@ def main(argv):
 
 
 if __name__ == "__main__":
-    main(sys.argv[1:])
-    end_distributed()
+    run_command(main, sys.argv[1:], cleanup=end_distributed)

@@ -6,7 +6,8 @@ import subprocess
 
 import pytest
 
-from common.recipe import ConfigError, acquire_run_lock, last_override_wins, load_checked_hparams, prepare_experiment
+from common.process_lock import acquire_process_lock
+from common.recipe import ConfigError, last_override_wins, load_checked_hparams, prepare_experiment
 
 CONFIG = """\
 output_folder: !ref <exp_root>/demo
@@ -85,11 +86,11 @@ def test_run_lock_refuses_a_live_holder_and_takes_over_a_dead_one(tmp_path):
     try:
         (tmp_path / "run.lock").write_text(str(live.pid))
         with pytest.raises(RuntimeError, match=f"in use by process {live.pid}"):
-            acquire_run_lock(str(tmp_path))
+            acquire_process_lock(str(tmp_path))
     finally:
         live.kill()
         live.wait()
-    acquire_run_lock(str(tmp_path))
+    acquire_process_lock(str(tmp_path))
     assert (tmp_path / "run.lock").read_text() == str(os.getpid())
 
 
@@ -112,3 +113,39 @@ def test_a_repeated_override_is_replaced_by_the_last_one():
     duplicate yaml key. Options given as two words are left alone."""
     argv = ["h.yaml", "--do_test=False", "--device", "cpu", "--lr=1", "--do_test=True"]
     assert last_override_wins(argv) == ["h.yaml", "--device", "cpu", "--lr=1", "--do_test=True"]
+
+
+def test_model_size_file_stands_in_its_place_in_root_and_derived_configs(tmp_path):
+    """A size file's keys are the config's keys at the place of ``model_size`` (the graph receives them
+    by !ref, the saved config holds them); a derived config naming another size replaces them all; a
+    config restating a size key beside its size file is refused (a size is written once)."""
+    (tmp_path / "graph.yaml").write_text(GRAPH)
+    (tmp_path / "big.yaml").write_text("d_model: 16\nnum_layers: 3\n")
+    (tmp_path / "tiny.yaml").write_text("d_model: 4\nnum_layers: 1\n")
+    root = tmp_path / "train.yaml"
+    root.write_text(f"exp_root: {tmp_path}\noutput_folder: !ref <exp_root>/run\nmodel_size: big.yaml\n"
+                    "graph: !include:graph.yaml\n    d_model: !ref <d_model>\n    num_layers: !ref <num_layers>\n")
+    hparams, _ = prepare_experiment([str(root)])
+    assert (hparams["d_model"], hparams["graph"]["num_layers"]) == (16, 3)
+    saved = (tmp_path / "run" / "hyperparams.yaml").read_text()
+    assert "d_model: 16" in saved and "model_size:" not in saved
+    derived = tmp_path / "small.yaml"
+    derived.write_text("base_config: train.yaml\nmodel_size: tiny.yaml\n")
+    hparams = load_checked_hparams(str(derived), {"num_layers": 2})
+    assert (hparams["graph"]["d_model"], hparams["graph"]["num_layers"]) == (4, 2)
+    derived.write_text("base_config: train.yaml\nmodel_size: tiny.yaml\nd_model: 8\n")
+    with pytest.raises(ConfigError, match="sets d_model beside model_size"):
+        load_checked_hparams(str(derived))
+
+
+@pytest.mark.parametrize("size", ["conformer", "small", "demo"])
+def test_pretraining_and_finetuning_of_one_size_read_one_size_file(size):
+    """recipes/pretrain/hparams/X.yaml and recipes/finetune/hparams/X.yaml resolve to the same model
+    size, both from recipes/hparams/model/sizes/X.yaml: finetuning loads the pretrained weights by name."""
+    from common.recipe import read_yaml_tree, resolve_derived_config
+
+    sizes = read_yaml_tree(f"recipes/hparams/model/sizes/{size}.yaml")
+    for recipe in ("pretrain", "finetune"):
+        base, overrides = resolve_derived_config(f"recipes/{recipe}/hparams/{size}.yaml")
+        tree = {**read_yaml_tree(base), **overrides}
+        assert {key: tree[key] for key in sizes} == dict(sizes), recipe

@@ -13,7 +13,7 @@ import pyarrow.parquet as pq
 import pytest
 import soundfile as sf
 
-from common.audio import decode_opus
+from common.audio_io import decode_opus
 from common.shard_format import METADATA_SCHEMA
 from local import make_shards
 from local.check_shards import check_folder
@@ -322,3 +322,17 @@ def test_kaldi_pipes_run_with_allow_pipes_and_failures_are_rejected_with_their_s
     with pytest.raises(SystemExit):  # without the option commands are never run: nothing usable, exit 1
         run([kaldi, tmp_path / "out2"])
     assert {r["reason"] for r in rejects(tmp_path / "out2")} == {"pipe_not_supported"}
+
+
+def test_help_names_every_input_layout(capsys):
+    """--help describes every layout the readers detect: a layout added to FORMATS without its
+    description fails here (the help once listed 4 of 8)."""
+    described = {"jsonl": ".jsonl", "tsv": ".tsv", "kaldi": "Kaldi", "folder": "folder of audio",
+                 "wenet": "WeNet", "commonvoice": "Common Voice", "librispeech": "LibriSpeech",
+                 "hfparquet": "Hugging Face"}
+    assert set(described) == set(make_shards.FORMATS)
+    with pytest.raises(SystemExit):
+        make_shards.parse_args(["--help"])
+    text = " ".join(capsys.readouterr().out.split())
+    for layout, phrase in described.items():
+        assert phrase in text, f"--help does not describe {layout}"

@@ -11,7 +11,7 @@ from collections import Counter
 import pyarrow.parquet as pq
 import pytest
 
-from common.audio import decode_opus
+from common.audio_io import decode_opus
 from common.recipe import ConfigError
 from local import make_shards
 from recipes.finetune import train

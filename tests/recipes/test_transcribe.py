@@ -140,7 +140,7 @@ def test_the_exported_folder_loads_in_speechbrain_and_transcribes_as_transcribe_
 def test_resuming_an_experiment_with_another_tokenizer_stops_before_any_work(trained, speech_shards, tmp_path):
     """The trained experiment's lock.json names its tokenizer; rerunning its training with another
     tokenizer (same size, other pieces) raises before a batch is read, and the checkpoints stay."""
-    from common.lock import ChangedInputs
+    from common.fingerprint import ChangedInputs
     from local import train_tokenizer
     from recipes.finetune import train
     from tests.recipes.finetune_args import train_argv

@@ -175,7 +175,7 @@ def test_cached_audio_gives_the_same_batches_and_later_epochs_read_no_shard(tone
 def test_members_read_ahead_are_held_encoded_and_decoded_when_asked(tone_shards, tokenizer_model):
     """Read-ahead members stay Opus bytes (over 5 x smaller than their float32 waveforms) until ``get``
     decodes one for its batch and releases its bytes."""
-    from common.data.audio import BadDataCounts
+    from common.data.shard_audio import BadDataCounts
     from common.data.speech import WaveformStream
 
     loader = make_speech_loader(tone_shards, tokenizer_model, SpeechLoaderConfig(5.0))

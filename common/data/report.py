@@ -25,17 +25,19 @@ REPORT_FILE = "report.md"
 
 
 def speech_loader_report(loader, tokenizer, frames_per_second, epoch=1):
-    """Figures of the utterances ``loader`` uses and of its plan for ``epoch`` (a dict; the duration and
-    token arrays under ``_durations`` / ``_tokens_per_second`` feed the histograms, ``_feasibility`` is
-    the ``common.feasibility`` report for ``warn_if_infeasible``)."""
+    """Figures of the utterances ``loader`` uses and of its plan for ``epoch`` (a dict). Batches, padding
+    and the largest batch count each utterance at its speed of that epoch, as the plan does; the duration
+    quantiles are the recordings'. The arrays under ``_durations`` / ``_tokens_per_second`` feed the
+    histograms, ``_feasibility`` is the ``common.feasibility`` report for ``warn_if_infeasible``."""
     metadata = loader.metadata
     durations, texts = loader.used_utterances()
     tokens = tokenizer.encode(list(texts))
     rates = np.array([len(t) for t in tokens]) / np.maximum(durations, 1e-6)
     slots, _ = loader.plan(epoch)
+    planned = loader.planned_durations(epoch)  # after speed perturbation, as the plan batched them
     batches = [rows for slot in slots for rows in slot.batches]
-    padded = [len(rows) * metadata.durations[rows].max() for rows in batches]
-    audio = sum(metadata.durations[rows].sum() for rows in batches)
+    padded = [len(rows) * planned[rows].max() for rows in batches]
+    audio = sum(planned[rows].sum() for rows in batches)
     feasibility = ctc_feasibility(durations, tokens, frames_per_second,
                                   fastest_speed=loader.config.fastest_speed)
     return {
@@ -47,7 +49,7 @@ def speech_loader_report(loader, tokenizer, frames_per_second, epoch=1):
         "rank": loader.rank, "world_size": loader.world_size, "budget_s": loader.config.max_batch_seconds,
         "batches_per_epoch": len(batches), "mean_batch_size": float(np.mean([len(b) for b in batches])),
         "padding_percent": float(100 * (1 - audio / max(sum(padded), 1e-9))),
-        **_largest_batch(batches, padded, metadata.durations),
+        **_largest_batch(batches, padded, planned),
         "most_utterances_per_batch": int(max(len(b) for b in batches)),
         "longest_target_tokens": int(max((len(t) for t in tokens), default=0)),
         "_durations": durations, "_tokens_per_second": rates, "_feasibility": feasibility,

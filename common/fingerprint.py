@@ -1,8 +1,9 @@
 """``lock.json``: what an experiment was made from, and a resume that refuses changed inputs.
 
 Every run of a recipe's ``train.py`` writes ``lock.json`` in its experiment folder: the sha256 of each
-input file it reads (shard parquets, tokenizer, units, k-means model, pretrained checkpoint; a folder
-is fingerprinted by its files' names and sizes), the code commit and whether the working tree had
+input file it reads (shard parquets, tokenizer, units, k-means model, pretrained checkpoint; a folder by
+the sha256 of each of its files, listed under ``files`` with their size and mtime, so the next run hashes
+again only the files whose size or mtime changed), the code commit and whether the working tree had
 changes, the versions of the packages that shape the model, the world size and loader workers, and
 the config's settings (every plain value after overrides: ``settings``).
 
@@ -23,6 +24,7 @@ import os
 import subprocess
 
 from common.atomic import atomic_write_text
+from common.user_errors import UserError
 
 logger = logging.getLogger(__name__)
 
@@ -32,29 +34,52 @@ FORCE_FLAG = "--force_resume"
 EVALUATION_KEYS = ("test_parquets", "lm_dir")  # what only decoding reads: free to change between runs
 
 
-class ChangedInputs(RuntimeError):
+class ChangedInputs(UserError, RuntimeError):
     """A resume whose inputs differ from the ones the experiment's checkpoints were trained on."""
 
 
 def sha256_of(path, chunk=1 << 20):
-    """Hex sha256 of a file's bytes; of a folder, of its files' relative paths and sizes."""
+    """Hex sha256 of a file's bytes."""
     digest = hashlib.sha256()
-    if os.path.isdir(path):
-        for root, dirs, files in os.walk(path):
-            dirs.sort()
-            for name in sorted(files):
-                full = os.path.join(root, name)
-                digest.update(f"{os.path.relpath(full, path)}\t{os.path.getsize(full)}\n".encode())
-        return "dir:" + digest.hexdigest()
     with open(path, "rb") as handle:
         for block in iter(lambda: handle.read(chunk), b""):
             digest.update(block)
     return digest.hexdigest()
 
 
-def input_hashes(hparams, keys):
-    """``{"key" or "key[i]": {"path": ..., "sha256": ...}}`` of the files under ``keys`` (None skipped)."""
-    hashes = {}
+def folder_files(path, cache=None):
+    """``{relative path: {"size", "mtime_ns", "sha256"}}`` of every file under the folder ``path``; a file
+    whose size and mtime are those ``cache`` (the same mapping, of an earlier run) holds keeps its sha256
+    unread."""
+    files, cache = {}, cache or {}
+    for root, dirs, names in os.walk(path):
+        dirs.sort()
+        for name in sorted(names):
+            full = os.path.join(root, name)
+            relative, stat = os.path.relpath(full, path), os.stat(full)
+            known = cache.get(relative) or {}
+            same = (known.get("size"), known.get("mtime_ns")) == (stat.st_size, stat.st_mtime_ns)
+            files[relative] = {"size": stat.st_size, "mtime_ns": stat.st_mtime_ns,
+                               "sha256": known["sha256"] if same and "sha256" in known else sha256_of(full)}
+    return files
+
+
+def fingerprint(path, cached=None):
+    """``{"path", "sha256"}`` of a file; of a folder also ``files`` (``folder_files``, reusing those of
+    ``cached``, the same entry of an earlier lock, when it names the same folder), its sha256 then over
+    the files' relative paths and contents."""
+    if not os.path.isdir(path):
+        return {"path": path, "sha256": sha256_of(path)}
+    same_folder = cached and os.path.abspath(cached.get("path", "")) == os.path.abspath(path)
+    files = folder_files(path, cached.get("files") if same_folder else None)
+    digest = hashlib.sha256("".join(f"{name}\t{entry['sha256']}\n" for name, entry in files.items()).encode())
+    return {"path": path, "sha256": "dir:" + digest.hexdigest(), "files": files}
+
+
+def input_hashes(hparams, keys, previous=None):
+    """``{"key" or "key[i]": fingerprint}`` of the files and folders under ``keys`` (None skipped);
+    ``previous`` (an earlier lock's ``inputs``) spares hashing a folder's unchanged files again."""
+    hashes, previous = {}, previous or {}
     for key in keys:
         value = hparams.get(key)
         paths = value if isinstance(value, (list, tuple)) else [value]
@@ -62,7 +87,7 @@ def input_hashes(hparams, keys):
             if path is None:
                 continue
             name = key if not isinstance(value, (list, tuple)) else f"{key}[{index}]"
-            hashes[name] = {"path": str(path), "sha256": sha256_of(str(path))}
+            hashes[name] = fingerprint(str(path), previous.get(name))
     return hashes
 
 
@@ -122,10 +147,21 @@ def config_settings(values, skip=()):
     return settings
 
 
-def make_lock(hparams, input_keys, world_size, workers, config_file, settings=None):
-    """The lock of this run (see the module docstring); ``settings`` from ``config_settings``."""
+def read_lock(folder):
+    """The folder's ``lock.json`` as a dict, or None when it has none."""
+    path = os.path.join(folder, LOCK_FILE)
+    if not os.path.isfile(path):
+        return None
+    with open(path, encoding="utf-8") as handle:
+        return json.load(handle)
+
+
+def make_lock(hparams, input_keys, world_size, workers, config_file, settings=None, previous=None):
+    """The lock of this run (see the module docstring); ``settings`` from ``config_settings``; ``previous``
+    the folder's earlier lock (``read_lock``), whose folder fingerprints spare rehashing unchanged files."""
     repository = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
-    return {"config": config_file, "inputs": input_hashes(hparams, input_keys), "code": code_state(repository),
+    inputs = input_hashes(hparams, input_keys, (previous or {}).get("inputs"))
+    return {"config": config_file, "inputs": inputs, "code": code_state(repository),
             "packages": package_versions(), "world_size": world_size, "loader_workers": workers,
             "settings": settings or {}}
 
@@ -138,16 +174,32 @@ def changed_settings(old, new):
 
 
 def changed_inputs(old, new):
-    """Lines naming each training input both locks list whose file differs."""
+    """Lines naming each training input both locks list whose file differs (for a folder: which of its
+    files changed, came or went)."""
     lines = []
     for key in sorted(set(old["inputs"]) & set(new["inputs"])):
         if key.split("[")[0] in EVALUATION_KEYS:
             continue
         before, after = old["inputs"][key], new["inputs"][key]
+        if before["sha256"].startswith("dir:") and "files" not in before:
+            logger.info("%s: the earlier lock fingerprinted %s by file names and sizes: not compared; "
+                        "from now on by contents", key, before["path"])
+            continue
         if before["sha256"] != after["sha256"]:
-            lines.append(f"{key}: {after['path']} differs from the file the checkpoints were trained on "
-                         f"({before['path']}, sha256 {before['sha256'][:12]} -> {after['sha256'][:12]})")
+            lines.append(f"{key}: {after['path']} differs from the {'folder' if 'files' in after else 'file'} the "
+                         f"checkpoints were trained on ({before['path']}, sha256 {before['sha256'][:16]} -> "
+                         f"{after['sha256'][:16]}){changed_files(before.get('files'), after.get('files'))}")
     return lines
+
+
+def changed_files(before, after):
+    """``": changed a, b; new c; gone d"`` of two folder fingerprints' ``files`` ('' for files)."""
+    if before is None or after is None:
+        return ""
+    parts = [(what, [name for name in names if condition(name)]) for what, names, condition in (
+        ("changed", sorted(set(before) & set(after)), lambda n: before[n]["sha256"] != after[n]["sha256"]),
+        ("new", sorted(set(after) - set(before)), bool), ("gone", sorted(set(before) - set(after)), bool))]
+    return ": " + "; ".join(f"{what} {', '.join(names)}" for what, names in parts if names)
 
 
 def check_and_write_lock(folder, lock, has_checkpoints, force=False, write=True, training=True):
@@ -156,10 +208,7 @@ def check_and_write_lock(folder, lock, has_checkpoints, force=False, write=True,
     decoding-only run) are kept, and so are the training run's world size and workers when this run
     does not train."""
     path = os.path.join(folder, LOCK_FILE)
-    old = None
-    if os.path.isfile(path):
-        with open(path, encoding="utf-8") as handle:
-            old = json.load(handle)
+    old = read_lock(folder)
     if old is not None and has_checkpoints:
         check_resume(old, lock, folder, force, training)
     if old is not None:

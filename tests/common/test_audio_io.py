@@ -1,10 +1,10 @@
-"""common/audio.py: conversion to 16 kHz mono and the Opus round trip."""
+"""common/audio_io.py: conversion to 16 kHz mono and the Opus round trip."""
 
 import numpy as np
 import pytest
 import soundfile as sf
 
-from common.audio import AudioError, decode_opus, encode_opus, read_audio
+from common.audio_io import AudioError, decode_opus, encode_opus, read_audio
 
 
 def test_segment_read_is_resampled_to_the_right_length(tmp_path):

@@ -1,9 +1,9 @@
-"""common/data_report.py and local/data_report.py: the report is the loader's own plan."""
+"""common/data/report.py and local/data_report.py: the report is the loader's own plan."""
 
 import os
 
 from common.data import SpeechLoaderConfig, Tokenizer, make_speech_loader
-from common.data_report import speech_loader_report, write_report
+from common.data.report import speech_loader_report, write_report
 from local import data_report
 
 
@@ -30,3 +30,20 @@ def test_the_command_line_reports_shard_folders(speech_shards, tokenizer_file, t
     assert data_report.main([str(speech_shards["train"]), "--tokenizer", str(tokenizer_file),
                              "--out", str(tmp_path / "r"), "--budget", "20"]) == 0
     assert "CTC alignment" in capsys.readouterr().out and (tmp_path / "r" / "report.md").is_file()
+
+
+def test_the_largest_batch_is_the_loaders_own_under_speed_perturbation(speech_shards, tokenizer_file):
+    """With speeds 0.9 / 1.0 / 1.1 the plan batches each utterance at its epoch's speed: the report's largest
+    batch, padding and audio are those perturbed seconds (the loader's plan), and so stay within the budget."""
+    parquet = os.path.join(speech_shards["train"], "metadata_pool.parquet")
+    tokenizer = Tokenizer(tokenizer_file)
+    config = SpeechLoaderConfig(max_batch_seconds=6.0, speed_perturb=[0.9, 1.0, 1.1], filters={"max_duration": 5.0})
+    loader = make_speech_loader(parquet, tokenizer, config)
+    report = speech_loader_report(loader, tokenizer, frames_per_second=25.0)
+    slots, speeds = loader.plan(1)
+    assert len(set(speeds[loader.used_rows()].tolist())) == 3
+    seconds = loader.metadata.durations / speeds
+    padded = [len(rows) * seconds[rows].max() for slot in slots for rows in slot.batches]
+    assert report["largest_batch_padded_s"] == max(padded) <= 6.0
+    assert report["largest_batch_longest_s"] == max(seconds[rows].max() for slot in slots for rows in slot.batches
+                                                     if len(rows) * seconds[rows].max() == max(padded))

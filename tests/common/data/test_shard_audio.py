@@ -1,9 +1,9 @@
-"""common/data/audio.py: speed perturbation length and per-epoch speed draws."""
+"""common/data/shard_audio.py: speed perturbation length and per-epoch speed draws."""
 
 import numpy as np
 import torch
 
-from common.data.audio import choose_speeds, speed_perturb
+from common.data.shard_audio import choose_speeds, speed_perturb
 
 
 def test_speed_changes_duration_by_its_inverse():

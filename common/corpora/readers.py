@@ -14,7 +14,7 @@ broken entry never costs the rest of the corpus.
 - ``librispeech``: ``SPEAKER/CHAPTER/SPEAKER-CHAPTER.trans.txt`` files beside their audio.
 - ``folder``: audio files (wav / flac / ogg / opus / mp3) under a folder, each with a same-named ``.txt``.
 - ``hfparquet``: a Hugging Face dataset saved as parquet (a ``.parquet`` file or a folder of them), the
-  audio a struct of ``bytes`` / ``path`` (``local/hf_parquet.py``; bytes written once to ``extract_dir``).
+  audio a struct of ``bytes`` / ``path`` (``common/corpora/hf_parquet.py``; bytes written once to ``extract_dir``).
 
 A manifest's field names can be given (``read_corpus(..., audio="file", text="words", key="uid",
 speaker="who")``; make_shards' ``--audio-field`` ...).
@@ -30,7 +30,7 @@ import os
 import re
 import tempfile
 
-from local import hf_parquet
+from common.corpora import hf_parquet
 
 AUDIO_EXTENSIONS = (".wav", ".flac", ".ogg", ".opus", ".mp3")
 FORMATS = ("jsonl", "tsv", "kaldi", "folder", "wenet", "commonvoice", "librispeech", "hfparquet")
@@ -218,7 +218,7 @@ def _entry_from_record(record, base, origin, fields, text_required=True):
 
 
 def read_hf_parquet(path, text_required, fields, extract_dir):
-    """Entries and rejects from a Hugging Face parquet dataset (``local/hf_parquet.py``)."""
+    """Entries and rejects from a Hugging Face parquet dataset (``common/corpora/hf_parquet.py``)."""
     files = hf_parquet.parquet_files(path)
     if not files:
         raise FileNotFoundError(f"no .parquet file in {path}")

@@ -6,9 +6,9 @@ import pyarrow as pa
 import pyarrow.parquet as pq
 import pytest
 
+from common.corpora.readers import detect_format
 from local import make_shards
 from local.check_shards import check_folder
-from local.corpus_readers import detect_format
 from tests.conftest import write_tone
 
 AUDIO = pa.struct([("bytes", pa.binary()), ("path", pa.string())])

@@ -1,11 +1,11 @@
-"""common/lock.py: lock.json records the inputs; a resume on changed training inputs stops."""
+"""common/fingerprint.py: lock.json records the inputs; a resume on changed training inputs stops."""
 
 import json
 import logging
 
 import pytest
 
-from common.lock import ChangedInputs, check_and_write_lock, config_settings, make_lock, pop_force_flag
+from common.fingerprint import ChangedInputs, check_and_write_lock, config_settings, make_lock, pop_force_flag
 from common.recipe import preview_config
 
 
@@ -82,3 +82,44 @@ def test_a_resume_with_changed_settings_names_each_value_and_a_decoding_run_keep
         lock_with("loader: {speed_perturb: null}", has_checkpoints=True)
     assert "loader.speed_perturb: [0.9, 1.0, 1.1] -> None" in caplog.text
     assert "epochs" not in caplog.text.split("settings changed", 1)[1]
+
+
+def test_a_retrained_lm_folder_of_the_same_file_sizes_stops_a_resume_naming_the_file(tmp_path, monkeypatch):
+    """A folder input is fingerprinted by its files' contents, not their names and sizes: an LM folder
+    retrained into weights of the very same size stops the resume, and the error names ``lm.ckpt``. The
+    per-file sha256 is cached by size and mtime: a resume over an unchanged folder reads none of its files."""
+    import common.fingerprint as fingerprint
+
+    lm = tmp_path / "lm"
+    (lm / "save").mkdir(parents=True)
+    (lm / "lm.ckpt").write_bytes(b"\x01" * 4096)
+    (lm / "save" / "hyperparams.yaml").write_text("rnn_layers: 2\n")
+    folder = tmp_path / "exp"
+    folder.mkdir()
+    hparams = {"language_model": str(lm)}
+    check_and_write_lock(folder, make_lock(hparams, ["language_model"], 1, 0, "x.yaml"), has_checkpoints=False)
+    reads = []
+    monkeypatch.setattr(fingerprint, "sha256_of", lambda path, chunk=1 << 20: reads.append(path) or "x")
+    resumed = make_lock(hparams, ["language_model"], 1, 0, "x.yaml", previous=fingerprint.read_lock(folder))
+    assert reads == []
+    check_and_write_lock(folder, resumed, has_checkpoints=True)
+    monkeypatch.undo()
+    (lm / "lm.ckpt").write_bytes(b"\x02" * 4096)  # retrained: the same size
+    retrained = make_lock(hparams, ["language_model"], 1, 0, "x.yaml", previous=fingerprint.read_lock(folder))
+    with pytest.raises(ChangedInputs, match=r"language_model: .*lm differs from the folder .*: changed lm\.ckpt\n"):
+        check_and_write_lock(folder, retrained, has_checkpoints=True)
+
+
+def test_a_folder_fingerprinted_by_names_and_sizes_before_is_not_refused(tmp_path):
+    """An experiment whose lock predates content fingerprints (a folder's sha256 without ``files``) resumes:
+    its folders are fingerprinted anew, not declared changed."""
+    units = tmp_path / "units"
+    units.mkdir()
+    (units / "a.npy").write_bytes(b"1")
+    folder = tmp_path / "exp"
+    folder.mkdir()
+    (folder / "lock.json").write_text(json.dumps({"inputs": {"units_dirs[0]": {"path": str(units),
+                                                                               "sha256": "dir:0123"}}}))
+    check_and_write_lock(folder, make_lock({"units_dirs": [str(units)]}, ["units_dirs"], 1, 0, "x.yaml"),
+                         has_checkpoints=True)
+    assert "files" in json.loads((folder / "lock.json").read_text())["inputs"]["units_dirs[0]"]

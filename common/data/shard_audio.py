@@ -13,7 +13,7 @@ import torch
 import torchaudio.functional
 from webdataset.tariterators import tar_file_iterator
 
-from common.audio import SAMPLE_RATE, decode_opus
+from common.audio_io import SAMPLE_RATE, decode_opus
 
 logger = logging.getLogger(__name__)
 

@@ -1,4 +1,4 @@
-"""local/corpus_readers.py: format detection, the real layouts corpora ship in, stable sanitized keys,
+"""common/corpora/readers.py: format detection, the real layouts corpora ship in, stable sanitized keys,
 line-level rejects."""
 
 import json
@@ -6,8 +6,8 @@ import json
 import pyarrow.parquet as pq
 import pytest
 
+from common.corpora.readers import detect_format, read_corpus, sanitize_key
 from local import make_shards
-from local.corpus_readers import detect_format, read_corpus, sanitize_key
 from tests.conftest import write_tone
 
 

@@ -1,0 +1,1 @@
+"""Corpus layout readers: what a corpus on disk holds, as entries for local/make_shards.py."""

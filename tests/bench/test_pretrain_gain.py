@@ -1,0 +1,60 @@
+"""bench/pretrain_gain.py end to end on a tiny espeak corpus: the JSON line the checks read, and a second
+invocation that reuses every finished arm instead of training or decoding again."""
+
+import json
+import os
+import shlex
+import subprocess
+import sys
+
+from tests.recipes.finetune_args import REPO, TINY
+from tests.recipes.test_lm import TINY_LM
+from tests.recipes.test_pretrain import TINY as TINY_PRETRAIN
+
+ROW_KEYS = {"arm", "split", "wer", "wer_ci", "gain_vs_scratch_lm", "gain_ci", "minutes"}
+
+
+def tiny_corpus(speech_corpus, folder):
+    """The session's espeak corpus as the bench reads a corpus: its manifests, test as test_seen, and the
+    training transcripts as lm_text.txt (no new voices)."""
+    os.makedirs(folder)
+    os.symlink(speech_corpus / "wav", folder / "wav")
+    for source, name in (("train", "train"), ("dev", "dev"), ("test", "test_seen")):
+        (folder / f"{name}.jsonl").write_text((speech_corpus / f"{source}.jsonl").read_text())
+    texts = [json.loads(line)["text"] for line in open(speech_corpus / "train.jsonl")]
+    (folder / "lm_text.txt").write_text("\n".join(texts) + "\n")
+    return folder
+
+
+def bench(corpus, exp):
+    """Run the bench's default arms with tiny models and one-epoch budgets; returns its stdout."""
+    command = [sys.executable, "bench/pretrain_gain.py", "--corpus", str(corpus), "--exp", str(exp), "--json",
+               "--labelled-share", "0.25", "--pretrain-minutes", "0.01", "--finetune-minutes", "0.01",
+               "--lm-beam", "2", f"--finetune-overrides={shlex.join(TINY)}",
+               f"--pretrain-overrides={shlex.join(TINY_PRETRAIN + ['--bestrq_codebook_size=32'])}",
+               f"--lm-overrides={shlex.join(TINY_LM)}"]
+    result = subprocess.run(command, cwd=REPO, capture_output=True, text=True,
+                            env=dict(os.environ, PYTHONPATH=REPO, OMP_NUM_THREADS="1"))
+    assert result.returncode == 0, result.stdout[-3000:] + result.stderr[-5000:]
+    return result.stdout
+
+
+def test_the_bench_prints_every_arm_with_intervals_and_reuses_finished_arms(speech_corpus, tmp_path):
+    """The default arms (scratch+lm, joint+lm) end in one JSON line of rows with the interface's keys, the
+    reference's gain 0, intervals around each figure and the minutes spent; a second run trains and
+    decodes nothing (every step and hypothesis file is reused) and prints the same figures."""
+    corpus = tiny_corpus(speech_corpus, tmp_path / "corpus")
+    first = bench(corpus, tmp_path / "exp")
+    rows = json.loads(first.strip().splitlines()[-1])["arms"]
+    assert [(r["arm"], r["split"]) for r in rows] == [("scratch+lm", "test_seen"), ("joint+lm", "test_seen")]
+    for row in rows:
+        assert set(row) == ROW_KEYS
+        assert row["wer_ci"][0] <= row["wer"] <= row["wer_ci"][1]
+        assert row["gain_ci"][0] <= row["gain_vs_scratch_lm"] <= row["gain_ci"][1]
+    assert rows[0]["gain_vs_scratch_lm"] == 0.0
+    assert rows[1]["minutes"] > rows[0]["minutes"] > 0  # joint+lm also spent the pretraining's minutes
+    assert "new_voices" not in first  # only the requested arms are mentioned
+    second = bench(corpus, tmp_path / "exp")
+    assert "+ " not in "".join(line[:2] for line in second.splitlines())  # no command was run again
+    assert "decoded" not in second and second.count("reused") == 4  # LM, pretraining, two finetunes
+    assert json.loads(second.strip().splitlines()[-1])["arms"] == rows
