@@ -267,9 +267,13 @@ def main(argv):
         init_from_pretrained(hparams)
     if hparams["do_train"]:
         brain.train_loader = speech_loader(hparams, hparams["train_parquet"], True, *rank_and_world_size())
-        write_data_report(training_data_report(brain.train_loader, brain.tokenizer, hparams["model"]), hparams)
+        report = training_data_report(brain.train_loader, brain.tokenizer, hparams["model"])
+        write_data_report(report, hparams)
         if hparams["dry_run"]:
-            logger.info("dry run: the data report is written; nothing was trained")
+            cards = ", ".join(f"{card['card_gb']} GB: {'fits' if card['fits'] else 'does not fit'}"
+                              for card in report["cards"])
+            logger.info("dry run: the data report is written; nothing was trained. Largest batch %.2f GiB "
+                        "(estimate, fp32): %s", report["memory"]["total_gib"], cards)
             return
         hparams["checkpointer"].add_recoverable("train_loader", brain.train_loader)
         brain.fit(hparams["epoch_counter"], brain.train_loader,
