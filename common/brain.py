@@ -38,6 +38,7 @@ from collections import defaultdict
 import speechbrain as sb
 import torch
 
+from common.checkpoints import RandomState
 from common.curves import EpochHistory, plot_curves
 
 logger = logging.getLogger(__name__)
@@ -138,6 +139,9 @@ class RecipeBrain(sb.Brain):
         logger.info("learning-rate factors: %s", {g["group"]: g["lr_scale"] for g in param_groups})
 
     def on_fit_start(self):
+        if self.checkpointer is not None and "random_state" not in self.checkpointer.recoverables:
+            self.random_state = RandomState()  # a checkpoint from before it was saved loads without it
+            self.checkpointer.add_recoverable("random_state", self.random_state, optional_load=True)
         super().on_fit_start()
         self.fit_began = time.time()
         records = EpochHistory(os.path.join(self.hparams.output_folder, HISTORY_NAME)).records
@@ -164,7 +168,10 @@ class RecipeBrain(sb.Brain):
     def on_fit_batch_start(self, batch, should_step):
         """Step the learning-rate schedule so that the coming update uses its rate: update n is made
         at the schedule's value for step n (stepping after the update would make update 1 at the
-        optimizer's initial rate, the schedule's peak)."""
+        optimizer's initial rate, the schedule's peak). The first batch after a resume restores the
+        random generators the checkpoint saved."""
+        if getattr(self, "random_state", None) is not None:
+            self.random_state.restore_pending()
         if should_step:
             self.hparams.lr_scheduler(self.optimizer)
             rate = self.optimizer.param_groups[0]["lr"]  # the schedule sets every group's rate alike ...

@@ -138,3 +138,69 @@ class ShardWriter:
 def _padded(size):
     return (size + 511) // 512 * 512
 
+
+
+# ---- Text shards (local/make_text_shards.py -> common/data/text.py) ----
+# A text corpus ``text/NAME.parquet`` is its metadata: one row per sentence (pair) in shard order,
+# with the sentence's shard and character count, so a loader plans without reading the text. The
+# sentences themselves lie beside it in ``NAME-{index:06d}.parquet`` shards (:data:`TEXT_SHARD_SCHEMA`),
+# each read whole by one dataloader worker. ``text_shards: true`` in the metadata's schema marks the form.
+
+TEXT_SHARD_NAME_FORMAT = "{stem}-{index:06d}.parquet"
+TEXT_SHARDS_KEY = b"text_shards"
+TEXT_SHARD_SCHEMA = pa.schema([
+    ("sample_key", pa.string()),
+    ("text", pa.string()),         # source (mono text: the sentence)
+    ("translation", pa.string()),  # target of a pair; null for mono text
+    ("lang", pa.string()),         # language names: the loader turns them into <lang> tags
+    ("tgt_lang", pa.string()),
+])
+TEXT_METADATA_SCHEMA = pa.schema([
+    ("sample_key", pa.string()),
+    ("shard_name", pa.string()),
+    ("chars", pa.int32()),  # characters of source + target
+]).with_metadata({TEXT_SHARDS_KEY: b"true"})
+
+
+def text_shard_name(metadata_path, index):
+    """File name of shard ``index`` of the text corpus whose metadata is ``metadata_path``."""
+    stem = os.path.splitext(os.path.basename(metadata_path))[0]
+    return TEXT_SHARD_NAME_FORMAT.format(stem=stem, index=index)
+
+
+def is_text_metadata(path):
+    """True for the metadata parquet of text shards (``local/make_text_shards.py``)."""
+    return (pq.read_schema(path).metadata or {}).get(TEXT_SHARDS_KEY) == b"true"
+
+
+def text_shard_paths(metadata_path):
+    """Absolute paths of a text corpus's shards, in shard order (one read of the ``shard_name`` column)."""
+    if not is_text_metadata(metadata_path):
+        raise ValueError(f"{metadata_path} is not the metadata of text shards: make it with "
+                         "local/make_text_shards.py (a text parquet of an older version: run it again)")
+    folder = os.path.dirname(os.path.abspath(metadata_path))
+    names = pq.read_table(metadata_path, columns=["shard_name"])["shard_name"].unique().to_pylist()
+    return [os.path.join(folder, name) for name in names]
+
+
+def write_text_shard(path, columns, fingerprint=None):
+    """Write one text shard (a dict of :data:`TEXT_SHARD_SCHEMA` column lists) atomically; ``fingerprint``
+    (bytes) goes into its schema metadata (what wrote it, for a rerun to recognise)."""
+    schema = TEXT_SHARD_SCHEMA if fingerprint is None else TEXT_SHARD_SCHEMA.with_metadata({b"writer": fingerprint})
+    with atomic_path(path) as temporary:
+        pq.write_table(pa.Table.from_pydict(columns, schema=schema), temporary)
+
+
+def shard_fingerprint(path):
+    """The ``fingerprint`` a shard was written with (None if none, or no shard)."""
+    return (pq.read_schema(path).metadata or {}).get(b"writer") if os.path.exists(path) else None
+
+
+def text_metadata_table(columns, shard_name):
+    """The metadata rows of one shard's columns (a dict as :func:`write_text_shard` takes)."""
+    targets = columns.get("translation") or [None] * len(columns["text"])
+    return pa.Table.from_pydict({
+        "sample_key": columns["sample_key"],
+        "shard_name": [shard_name] * len(columns["sample_key"]),
+        "chars": [len(text) + len(target or "") for text, target in zip(columns["text"], targets)],
+    }, schema=TEXT_METADATA_SCHEMA)

@@ -28,11 +28,19 @@ import sys
 import tempfile
 
 import numpy as np
+import pyarrow as pa
 import pyarrow.parquet as pq
 import sentencepiece as spm
 
 from common.atomic import atomic_path, atomic_write_text
-from common.shard_format import CORE_PARQUET, POOL_PARQUET, is_unlabelled, read_metadata
+from common.shard_format import (
+    CORE_PARQUET,
+    POOL_PARQUET,
+    is_text_metadata,
+    is_unlabelled,
+    read_metadata,
+    text_shard_paths,
+)
 from common.tokens import SENTENCEPIECE_IDS
 from common.user_errors import run_command
 
@@ -86,8 +94,10 @@ def parse_source(spec):
 
 
 def read_text_parquet(path):
-    """Texts of a make_text_shards.py parquet (source and, for pairs, target) and its ``<lang>`` tags."""
-    table = pq.read_table(path)
+    """Texts of a make_text_shards.py corpus (its metadata parquet: source and, for pairs, target, read
+    from its shards) and its ``<lang>`` tags."""
+    table = pa.concat_tables([pq.read_table(shard) for shard in text_shard_paths(path)]) \
+        if is_text_metadata(path) else pq.read_table(path)
     if "text" not in table.column_names:
         raise ValueError(f"{path} is not a text parquet of local/make_text_shards.py (no 'text' column)")
     texts, tags = [], set()

@@ -97,12 +97,15 @@ class TextLoaderConfig:
     max_batch_size : most sentences per batch (None: no limit).
     batch_buffer : sentences held to batch by length.
     max_tokens : drop sentences (pairs) longer than this, source + target (None: keep all).
+    num_workers : dataloader workers per rank, each reading and tokenizing whole text shards (0: the
+        main process).
     """
 
     max_batch_tokens: int
     max_batch_size: Optional[int] = None
     batch_buffer: int = 1024
     max_tokens: Optional[int] = None
+    num_workers: int = 0
 
     @classmethod
     def from_config(cls, block, name="loader"):

@@ -63,13 +63,30 @@ def _largest_batch(batches, padded, durations):
             "largest_batch_longest_s": float(durations[batches[largest]].max())}
 
 
+CARDS_GB = (80, 24)  # the GPU sizes the report checks the largest batch against (A100/H100 80 GB, a 24 GB card)
+
+
 def add_memory_estimate(report, model):
-    """Add ``memory`` (``common.memory.training_memory`` of the largest batch) to ``report``."""
+    """Add ``memory`` (``common.memory.training_memory`` of the largest batch) to ``report``, and
+    ``cards``: whether it fits each of ``CARDS_GB`` (``card_fit``)."""
     from common.memory import training_memory
 
     report["memory"] = training_memory(model, report["largest_batch_padded_s"], report["largest_batch_utterances"],
                                        report["longest_target_tokens"])
+    report["cards"] = [card_fit(report["memory"], report["largest_batch_padded_s"], gb) for gb in CARDS_GB]
     return report
+
+
+def card_fit(memory, padded_s, card_gb):
+    """Whether a training step of ``memory`` (``training_memory``'s GiB figures for a batch of ``padded_s``
+    padded seconds) fits a card of ``card_gb`` GB (10^9 bytes), and the largest batch (padded seconds: a
+    ``max_batch_seconds``) that would: activations grow with the padded seconds, the weights, gradients
+    and Adam states do not. ``largest_budget_s`` is 0 when the states alone fill the card.
+    Returns ``{"card_gb", "fits", "largest_budget_s"}``."""
+    card_gib = card_gb * 1e9 / 2**30
+    room = card_gib - memory["states_gib"]
+    largest = padded_s * room / memory["activations_gib"] if memory["activations_gib"] > 0 else float("inf")
+    return {"card_gb": card_gb, "fits": memory["total_gib"] <= card_gib, "largest_budget_s": max(0.0, largest)}
 
 
 def _quantiles(values):
@@ -102,6 +119,10 @@ def report_markdown(report, title="Data report"):
         rows.append(("training memory of the largest batch (estimate, fp32)",
                      f"{memory['total_gib']:.2f} GiB: activations {memory['activations_gib']:.2f} + weights, "
                      f"gradients and Adam {memory['states_gib']:.2f}"))
+    for card in report.get("cards", []):
+        verdict = "fits" if card["fits"] else "does not fit"
+        rows.append((f"a {card['card_gb']} GB card", f"{verdict}; max_batch_seconds up to about "
+                                                     f"{card['largest_budget_s']:.0f} would"))
     lines = [f"# {title}", "", "| figure | value |", "|---|---|"]
     lines += [f"| {name} | {value} |" for name, value in rows]
     lines += ["", "![durations](durations.png) ![tokens per second](tokens_per_second.png)", ""]

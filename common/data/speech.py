@@ -14,21 +14,21 @@ from collections import Counter
 
 import numpy as np
 import torch
-from torch.utils.data import DataLoader, IterableDataset, get_worker_info
+from torch.utils.data import DataLoader
 
 from common.data.config import SpeechLoaderConfig
 from common.data.metadata import read_speech_metadata
 from common.data.pipeline import Tokenizer, collate, count_tokens, crop_sample, crop_start, keep_mask, speech_sample
 from common.data.planning import SlotPlan, batches_to_skip, plan_epoch
 from common.data.shard_audio import BadDataCounts, choose_speeds, decode_member, speed_perturb, wanted_members
-from common.data.stream import BatchStream
+from common.data.stream import BatchStream, SlotDataset
 from common.shard_format import is_unlabelled
 from common.user_errors import UserValueError
 
 logger = logging.getLogger(__name__)
 
 
-class ShardStreamDataset(IterableDataset):
+class ShardStreamDataset(SlotDataset):
     """Yields one rank's planned batches for one epoch; inside a worker, only that worker's share.
 
     Set ``slots`` (the rank's ``SlotPlan`` list), ``speeds`` and ``consumed`` before iterating.
@@ -44,15 +44,6 @@ class ShardStreamDataset(IterableDataset):
         self.prefix_ids = list(prefix_ids)
         self.cache = {} if cache_audio else None  # row -> decoded waveform, kept across epochs
         self.slots, self.speeds, self.consumed, self.epoch = [], None, 0, 0
-
-    def __iter__(self):
-        info = get_worker_info()
-        if info is not None:
-            yield from self.slot_batches(info.id)
-            return
-        streams = [self.slot_batches(w) for w in range(len(self.slots))]  # in-process: same order
-        for batches in zip(*streams):
-            yield from batches
 
     def slot_batches(self, worker):
         """Collated batches of one slot, from the first one not yet consumed."""

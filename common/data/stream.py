@@ -10,6 +10,7 @@ import time
 
 from speechbrain.dataio.dataloader import LoopedLoader
 from speechbrain.utils.checkpoints import mark_as_loader, mark_as_saver, register_checkpoint_hooks
+from torch.utils.data import IterableDataset, get_worker_info
 
 logger = logging.getLogger(__name__)
 
@@ -87,3 +88,31 @@ class BatchStream(LoopedLoader):
         """SpeechBrain checkpoint hook: read the state written by ``save``."""
         with open(path) as file:
             self.load_state_dict(json.load(file))
+
+
+class SlotDataset(IterableDataset):
+    """Base of the loaders' datasets: yields one rank's planned batches of one epoch, each dataloader
+    worker those of one slot (``planning.SlotPlan``). Subclasses implement ``slot_batches(slot)`` (the
+    slot's batches from the first not yet consumed); set ``slots`` and ``consumed`` before iterating.
+
+    Torch's DataLoader takes batches from its workers round-robin from worker 0. A rank resumed after
+    ``consumed`` batches next owes a batch of slot ``consumed % workers``, so worker ``i`` serves slot
+    ``(i + consumed) % workers``: the batches then come in plan order after any resume.
+    """
+
+    slots, consumed = (), 0
+
+    def __iter__(self):
+        info, workers = get_worker_info(), len(self.slots)
+        if info is not None:
+            yield from self.slot_batches((info.id + self.consumed) % workers)
+            return
+        streams = [self.slot_batches((i + self.consumed) % workers) for i in range(workers)]
+        while streams:  # in the main process: the same round-robin
+            batches = [next(stream, None) for stream in streams]
+            streams = [stream for stream, batch in zip(streams, batches) if batch is not None]
+            yield from (batch for batch in batches if batch is not None)
+
+    def slot_batches(self, slot):
+        """Yield the batches of ``slot`` from its first one not yet consumed."""
+        raise NotImplementedError

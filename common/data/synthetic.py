@@ -1,14 +1,26 @@
-"""Tiny synthetic corpora in the exact shard format and tokenizer contract, written with the
+"""Tiny synthetic corpora (speech and text) in the exact shard format and tokenizer contract, written with the
 project's own shard writer: the fixtures of the tests and the inputs of the loader benchmark.
 """
 
 import json
 
 import numpy as np
+import pyarrow.parquet as pq
 import sentencepiece
 
+from common.atomic import atomic_path
 from common.audio_io import encode_opus
-from common.shard_format import POOL_PARQUET, ShardWriter, metadata_row, sample_json, write_metadata
+from common.shard_format import (
+    POOL_PARQUET,
+    TEXT_METADATA_SCHEMA,
+    ShardWriter,
+    metadata_row,
+    sample_json,
+    text_metadata_table,
+    text_shard_name,
+    write_metadata,
+    write_text_shard,
+)
 from common.tokens import SENTENCEPIECE_IDS
 
 WORDS = "the a cat dog sat ran on under mat tree house river blue green small big".split()
@@ -40,6 +52,27 @@ def write_shards(out_dir, shard_sizes, seed=0, prefix="shard", min_seconds=0.3, 
         writer.close()
     write_metadata(rows, out_dir / POOL_PARQUET)
     return out_dir / POOL_PARQUET
+
+
+def write_text_shards(metadata_path, shard_sizes, seed=0, paired=False, langs=("en", "fr")):
+    """Text shards of ``shard_sizes`` sentences (pairs: the target is the reversed source) of 1-12 WORDS,
+    and their metadata parquet ``metadata_path``, in the format of ``local/make_text_shards.py``.
+    The sentences are made one shard at a time: any size fits in memory."""
+    rng, folder = np.random.default_rng(seed), metadata_path.parent
+    words = np.array(WORDS)
+    with atomic_path(metadata_path) as temporary, pq.ParquetWriter(temporary, TEXT_METADATA_SCHEMA) as metadata:
+        for index, size in enumerate(shard_sizes):
+            counts = rng.integers(1, 13, size)
+            picks = words[rng.integers(0, len(words), int(counts.sum()))].tolist()
+            ends = np.cumsum(counts).tolist()
+            texts = [" ".join(picks[end - count:end]) for end, count in zip(ends, counts.tolist())]
+            columns = {"sample_key": [f"s{index}_{i}" for i in range(size)], "text": texts,
+                       "translation": [" ".join(t.split()[::-1]) for t in texts] if paired else [None] * size,
+                       "lang": [langs[0]] * size, "tgt_lang": [langs[1] if paired else None] * size}
+            name = text_shard_name(metadata_path, index)
+            write_text_shard(folder / name, columns)
+            metadata.write_table(text_metadata_table(columns, name))
+    return metadata_path
 
 
 def train_tiny_tokenizer(out_dir):

@@ -12,6 +12,12 @@
 #                                                         # + stage 4: self-training on untranscribed speech
 #   bash recipes/finetune/run.sh --stage 2 --nproc_per_node 8 ...  # torchrun DDP over 8 GPUs (stage 3:
 #                                                         # the 8 processes decode a share each)
+#   bash recipes/finetune/run.sh --stage 2 --nproc_per_node 8 \
+#       --torchrun_args "--nnodes=2 --rdzv_backend=c10d --rdzv_endpoint=node0:29500 --rdzv_id=asr1" ...
+#                                                         # two nodes: the same command on each node, node0
+#                                                         # the rendezvous host, a shared exp/ and data folder;
+#                                                         # kill one node and rerun it on both to resume
+#                                                         # (tests/recipes/test_multi_node.py runs it on one host)
 #
 # Data options take anything local/make_shards.py reads (a .jsonl/.tsv manifest, a Kaldi folder, a
 # folder of audio) or a shard folder made by it. Each stage is safe to rerun: training resumes from

@@ -186,11 +186,16 @@ class ASR(RecipeBrain):
     def on_evaluate_start(self, max_key=None, min_key=None):
         """Restore the best checkpoint, then average the best ``average_checkpoints`` into the model."""
         super().on_evaluate_start(max_key=max_key, min_key=min_key)
-        self.averaged = average_best_checkpoints(
-            self.checkpointer, self.modules.model, self.hparams.average_checkpoints,
+        self.averaged = average_best_checkpoints(  # the checkpoints hold the model's own keys, not DDP's
+            self.checkpointer, self.bare_model(), self.hparams.average_checkpoints,
             save_path=os.path.join(self.hparams.output_folder, "averaged.ckpt"),
             normalize=self.hparams.graph["normalize"], **self.ranking())
         self.build_searcher()
+
+    def bare_model(self):
+        """The model itself: under torchrun ``self.modules.model`` is its DDP wrapper."""
+        model = self.modules.model
+        return model.module if hasattr(model, "module") else model
 
     def ranking(self):
         """``min_key`` / ``max_key`` of the checkpoint figure, for ``evaluate`` and averaging
@@ -201,9 +206,8 @@ class ASR(RecipeBrain):
 
     def build_searcher(self):
         """The joint CTC/attention beam searcher over the model, configured from the yaml."""
-        model = self.modules.model.module if hasattr(self.modules.model, "module") else self.modules.model
         self.searcher = build_beam_searcher(
-            model, beam_size=self.hparams.beam_size, ctc_weight=self.hparams.ctc_weight,
+            self.bare_model(), beam_size=self.hparams.beam_size, ctc_weight=self.hparams.ctc_weight,
             length_normalization=self.hparams.length_normalization, length_bonus=self.hparams.length_bonus,
             max_decode_ratio=self.hparams.max_decode_ratio, prefix_tokens=self.prefix_ids,
             lm=self.language_model(), lm_weight=self.hparams.lm_weight)
@@ -328,10 +332,13 @@ def main(argv):
         init_from_pretrained(hparams)
     if hparams["do_train"]:
         brain.train_loader = training_loader(hparams, *rank_and_world_size())
-        write_data_report(training_data_report(speech_part(brain.train_loader), brain.tokenizer, hparams["model"]),
-                          hparams)
+        report = training_data_report(speech_part(brain.train_loader), brain.tokenizer, hparams["model"])
+        write_data_report(report, hparams)
         if hparams["dry_run"]:
-            logger.info("dry run: the data report is written; nothing was trained")
+            cards = ", ".join(f"{card['card_gb']} GB: {'fits' if card['fits'] else 'does not fit'}"
+                              for card in report["cards"])
+            logger.info("dry run: the data report is written; nothing was trained. Largest batch %.2f GiB "
+                        "(estimate, fp32): %s", report["memory"]["total_gib"], cards)
             return
         hparams["checkpointer"].add_recoverable("train_loader", brain.train_loader)
         brain.fit(hparams["epoch_counter"], brain.train_loader,

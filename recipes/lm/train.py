@@ -1,5 +1,5 @@
 #!/usr/bin/env python3
-"""Language model recipe: next-token prediction over the ASR tokenizer's pieces, from text parquets.
+"""Language model recipe: next-token prediction over the ASR tokenizer's pieces, from text shards.
 
     python recipes/lm/train.py recipes/lm/hparams/rnnlm.yaml --tokenizer_file=tokenizer/char.model \\
         --train_parquets="[text/lm_train.parquet]" --valid_parquet=text/lm_valid.parquet

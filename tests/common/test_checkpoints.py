@@ -64,3 +64,29 @@ def test_completed_saves_publish_their_meta_file(tmp_path):
     assert sorted(p.name for p in folder.iterdir()) == ["CKPT.yaml", "model.ckpt"]
     assert saved is None or saved.path == folder
     assert AtomicCheckpointer(tmp_path, recoverables={"model": model}).recover_if_possible().meta["WER"] == 3.0
+
+
+def test_a_recovered_random_state_draws_what_the_saved_run_drew_next(tmp_path):
+    """RandomState: after a checkpoint, the draws of torch, numpy and Python an uninterrupted process
+    makes next are the draws a recovered one makes once restore_pending() runs, however many numbers
+    were drawn between the recovery and the restore; restore_pending() restores only once."""
+    import random
+
+    import numpy as np
+
+    from common.checkpoints import RandomState
+
+    def draws():
+        return torch.rand(3).tolist(), np.random.rand(3).tolist(), [random.random() for _ in range(3)]
+
+    torch.manual_seed(0), np.random.seed(0), random.seed(0)
+    saved = RandomState()
+    AtomicCheckpointer(tmp_path, {"random_state": saved}).save_checkpoint()
+    uninterrupted = draws()
+    resumed = RandomState()
+    AtomicCheckpointer(tmp_path, {"random_state": resumed}).recover_if_possible()
+    draws()  # what a run draws between recovery and its first batch
+    resumed.restore_pending()
+    assert draws() == uninterrupted
+    resumed.restore_pending()
+    assert draws() != uninterrupted

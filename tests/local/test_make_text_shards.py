@@ -1,7 +1,9 @@
-"""local/make_text_shards.py: mono / paired text -> the text loader's parquet; bad lines rejected."""
+"""local/make_text_shards.py: mono / paired text -> text shards and their metadata; bad lines rejected."""
 
 import json
+import os
 
+import pyarrow as pa
 import pyarrow.parquet as pq
 import pytest
 
@@ -22,13 +24,19 @@ PAIRED_LINES = [
 ]
 
 
+def shard_rows(metadata):
+    """Every row of the shards of a metadata parquet, in shard order."""
+    names = pq.read_table(metadata)["shard_name"].unique().to_pylist()
+    return pa.concat_tables([pq.read_table(metadata.parent / name) for name in names]).to_pylist()
+
+
 def run(tmp_path, name, data, *options):
     source = tmp_path / name
     source.write_bytes(data)
     out = tmp_path / "text" / (source.stem + ".parquet")
     make_text_shards.main([str(source), str(out), *options])
     rejects = [json.loads(line) for line in open(out.with_suffix(".rejects.jsonl"), encoding="utf-8")]
-    return out, pq.read_table(out).to_pylist(), rejects
+    return out, shard_rows(out), rejects
 
 
 def test_paired_lines_keep_good_pairs_and_reject_each_bad_line_with_its_reason(tmp_path):
@@ -71,23 +79,43 @@ def test_a_tsv_without_paired_is_a_usage_error(tmp_path):
     assert exit_info.value.code == 2
 
 
-@pytest.mark.parametrize("stalled_write", ["*.parquet", "*.rejects.jsonl"])
+def test_sentences_stream_into_shards_whose_metadata_lists_each_key_once(tmp_path):
+    """25 lines, --shard-sentences 7: shards of 7, 7, 7, 4 sentences; the metadata holds each key once
+    with its shard and character count, in shard order; a rerun over a shorter input removes the
+    shards it no longer writes."""
+    lines = "".join(f"sentence number {i}\n" for i in range(25)).encode()
+    out, rows, _ = run(tmp_path, "many.txt", lines, "--shard-sentences", "7")
+    metadata = pq.read_table(out).to_pylist()
+    assert [m["sample_key"] for m in metadata] == [r["sample_key"] for r in rows] and len(rows) == 25
+    assert [m["shard_name"] for m in metadata] == [f"many-{i // 7:06d}.parquet" for i in range(25)]
+    assert [m["chars"] for m in metadata] == [len(r["text"]) for r in rows]
+    out, rows, _ = run(tmp_path, "many.txt", lines[: lines.index(b"sentence number 10")], "--shard-sentences", "7")
+    assert len(rows) == 10 and sorted(p.name for p in out.parent.glob("many-*.parquet")) == [
+        "many-000000.parquet", "many-000001.parquet"]
+
+
+@pytest.mark.parametrize("stalled_write", ["*-000001.parquet", "*.rejects.jsonl"])
 def test_rerun_after_kill_9_gives_the_uninterrupted_output(tmp_path, stalled_write):
-    """kill -9 with the parquet (or then the rejects file) complete under its temporary name only:
-    the rerun writes both exactly as an uninterrupted run does and leaves no temporary file."""
+    """kill -9 with the second shard (or then the rejects file) complete under its temporary name only:
+    the rerun keeps the complete shards of the killed run (not rewritten), writes the rest, and ends with
+    exactly the files of an uninterrupted run and no temporary file."""
     source = tmp_path / "pairs.txt"
     source.write_bytes(b"".join(PAIRED_LINES))
-    options = ["--paired", "--lang", "en", "--tgt-lang", "fr", "--max-chars", "100"]
+    options = ["--paired", "--lang", "en", "--tgt-lang", "fr", "--max-chars", "100", "--shard-sentences", "1"]
     reference = tmp_path / "reference" / "pairs.parquet"
     make_text_shards.main([str(source), str(reference), *options])
     out = tmp_path / "killed" / "pairs.parquet"
     command = ["local/make_text_shards.py", source, out, *options]
     kill_at_rename(command, stalled_write, 1, tmp_path / "stalled")
-    assert temporary_files(out.parent) == [out.name if stalled_write == "*.parquet" else
-                                           out.with_suffix(".rejects.jsonl").name]
-    assert not out.with_suffix(".rejects.jsonl").exists()
+    stalled = "pairs-000001.parquet" if stalled_write != "*.rejects.jsonl" else "pairs.rejects.jsonl"
+    assert stalled in temporary_files(out.parent) and not out.exists()
+    first_shard = out.parent / "pairs-000000.parquet"
+    written_at = first_shard.stat().st_mtime_ns
     run_to_the_end(command)
-    assert temporary_files(out.parent) == []
-    assert pq.read_table(out).equals(pq.read_table(reference))
-    assert (out.with_suffix(".rejects.jsonl").read_bytes()
-            == reference.with_suffix(".rejects.jsonl").read_bytes())
+    assert temporary_files(out.parent) == [] and first_shard.stat().st_mtime_ns == written_at
+    assert sorted(os.listdir(out.parent)) == sorted(os.listdir(reference.parent))
+    for name in os.listdir(reference.parent):
+        if name.endswith(".parquet"):
+            assert pq.read_table(out.parent / name).equals(pq.read_table(reference.parent / name)), name
+        else:
+            assert (out.parent / name).read_bytes() == (reference.parent / name).read_bytes(), name

@@ -150,11 +150,14 @@ def test_run_sh_rejects_unknown_options_and_runs_only_the_chosen_stages(speech_s
 
 
 def test_a_dry_run_writes_the_data_report_and_trains_nothing(speech_shards, tokenizer_file, tmp_path):
-    """--dry_run=True: data_report/ holds report.md and its histograms for the config's loader, and no
-    epoch is trained (no checkpoint, no epoch line)."""
+    """--dry_run=True: data_report/ holds report.md (with the largest batch's memory against 80 GB and
+    24 GB cards) and its histograms for the config's loader, and no epoch is trained (no checkpoint, no
+    epoch line)."""
     exp = tmp_path / "exp"
     train.main(train_argv(speech_shards, tokenizer_file, exp, "--dry_run=True"))
     assert (exp / "data_report" / "report.md").is_file() and (exp / "data_report" / "durations.png").is_file()
+    report = (exp / "data_report" / "report.md").read_text()
+    assert "| a 80 GB card | fits;" in report and "| a 24 GB card | fits;" in report  # a tiny model
     assert not (exp / "save").exists() or not any((exp / "save").iterdir())
     assert not (exp / "train_log.txt").exists() or "epoch:" not in (exp / "train_log.txt").read_text()
 

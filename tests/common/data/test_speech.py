@@ -62,6 +62,18 @@ def test_resume_continues_with_exactly_the_next_batch(tone_shards, tokenizer_mod
     assert full[3:] == epoch_keys(restored)
 
 
+def test_resume_at_an_odd_position_with_two_workers_keeps_the_plan_order(tone_shards, tokenizer_model):
+    """Two worker processes, stopped after 3 batches (the next one is the second worker's): the restored
+    loader yields exactly the rest of the planned epoch, in order (torch's DataLoader starts its
+    round-robin at worker 0, so the workers serve rotated slots)."""
+    make = lambda: make_speech_loader(tone_shards, tokenizer_model, SpeechLoaderConfig(5.0, num_workers=2),  # noqa: E731
+                                      seed=5)
+    planned = make().planned_keys(0)
+    restored = make()
+    restored.load_state_dict({"epoch": 0, "position": 3})
+    assert epoch_keys(restored) == planned[3:]
+
+
 def test_real_dataloader_with_two_workers_over_make_shards_output(make_shard_dir, tokenizer_model):
     """Shards from local/make_shards.py through a 2-worker DataLoader: the planned keys, in plan order,
     features computed in the workers."""

@@ -1,60 +1,133 @@
-"""common/data/text.py: mono and paired text batches with language tags and a token budget."""
+"""common/data/text.py: text batches streamed from text shards: language tags, a token budget, every
+sentence once per epoch, equal steps per rank, exact resume, tokenization in the workers."""
+
+import glob
 
 import pyarrow as pa
 import pyarrow.parquet as pq
 import pytest
 
 from common.data import TextLoaderConfig, make_text_loader
-from common.data.synthetic import WORDS
+from common.data.synthetic import write_text_shards
+
+UNEVEN = [30, 12, 17, 9, 21]  # sentences per shard
 
 
 @pytest.fixture(scope="module")
 def pairs_parquet(tmp_path_factory):
-    """60 sentence pairs en -> fr (the fr side is the reversed sentence)."""
-    rows = [{"sample_key": f"p{i}", "text": " ".join(WORDS[i % 7 : i % 7 + 1 + i % 5]),
-             "translation": " ".join(reversed(WORDS[i % 7 : i % 7 + 1 + i % 5])), "lang": "en",
-             "tgt_lang": "fr"} for i in range(60)]
-    path = tmp_path_factory.mktemp("text") / "pairs.parquet"
-    pq.write_table(pa.Table.from_pylist(rows), path)
-    return path
+    """89 sentence pairs en -> fr in five uneven shards (the fr side is the reversed sentence)."""
+    return write_text_shards(tmp_path_factory.mktemp("pairs") / "pairs.parquet", UNEVEN, paired=True)
+
+
+@pytest.fixture(scope="module")
+def mono_parquet(tmp_path_factory):
+    """89 sentences in five uneven shards."""
+    return write_text_shards(tmp_path_factory.mktemp("mono") / "mono.parquet", UNEVEN, seed=1)
+
+
+def all_keys(parquet):
+    return pq.read_table(parquet, columns=["sample_key"])["sample_key"].to_pylist()
+
+
+def epoch_keys(loader):
+    """The keys of each batch of one epoch, in order."""
+    return [list(batch.id) for batch in loader]
 
 
 def test_paired_batches_carry_tags_and_respect_the_token_budget(pairs_parquet, tokenizer_model):
     """src starts with <en>, tokens_bos with [1, <fr>]; size x longest (src + tgt) <= budget; all keys once."""
-    loader = make_text_loader(pairs_parquet, tokenizer_model, TextLoaderConfig(120), target_column="translation",
+    loader = make_text_loader(pairs_parquet, tokenizer_model, TextLoaderConfig(250), target_column="translation",
                               lang_column="lang", target_lang_column="tgt_lang")
-    en, fr = (loader.src_tokens[0][0], loader.tgt_tokens[0][0])
+    en, fr = loader.dataset.tokenizer.piece_id("<en>"), loader.dataset.tokenizer.piece_id("<fr>")
     keys = []
     for batch in loader:
         keys += batch.id
         assert (batch.src_tokens.data[:, 0] == en).all() and (batch.tokens_bos.data[:, 1] == fr).all()
         longest = batch.src_tokens.data.shape[1] + batch.tokens.data.shape[1]
-        assert len(batch.id) * longest <= 120
-    assert sorted(keys) == sorted(f"p{i}" for i in range(60))
+        assert len(batch.id) * longest <= 250
+    assert sorted(keys) == sorted(all_keys(pairs_parquet))
 
 
-def test_mono_text_ranks_get_equal_batches_and_disjoint_keys(pairs_parquet, tokenizer_model):
-    """Two ranks: same batch count, no key on both ranks."""
-    loaders = [make_text_loader(pairs_parquet, tokenizer_model, TextLoaderConfig(60), rank=r, world_size=2)
-               for r in (0, 1)]
-    keys = [{k for batch in loader for k in batch.id} for loader in loaders]
-    assert len(loaders[0]) == len(loaders[1]) and not keys[0] & keys[1]
+@pytest.mark.parametrize("num_workers", [0, 2])
+def test_every_sentence_once_per_epoch_and_equal_steps_per_rank_over_uneven_shards(mono_parquet, tokenizer_model,
+                                                                                   num_workers):
+    """Two ranks over five shards of 9 to 30 sentences, in worker processes or not: both ranks take the
+    same number of batches in each of two epochs, and together they yield every sentence exactly once."""
+    config = TextLoaderConfig(200, num_workers=num_workers)
+    loaders = [make_text_loader(mono_parquet, tokenizer_model, config, seed=5, rank=r, world_size=2) for r in (0, 1)]
+    for _ in range(2):
+        per_rank = [epoch_keys(loader) for loader in loaders]
+        assert len(per_rank[0]) == len(per_rank[1]) == len(loaders[0]) > 0
+        assert sorted(k for batches in per_rank for batch in batches for k in batch) == sorted(all_keys(mono_parquet))
+    assert loaders[0].epoch == 2
 
 
-def test_a_noiser_noises_sources_in_the_collate_from_seed_epoch_and_position(pairs_parquet, tokenizer_model):
-    """With a noiser, each mono batch's sources hold <mask> (id 4 here) where spans were masked while the
-    targets stay clean; the same (seed, epoch, position) noises the same way, a resumed epoch included."""
+def test_one_shard_still_feeds_two_ranks_in_equal_steps(tmp_path, tokenizer_model):
+    """A corpus of one shard (the small-corpus case) under two ranks: each rank takes every other batch
+    of the one-rank plan, the same count on both, no sentence on both ranks."""
+    parquet = write_text_shards(tmp_path / "one.parquet", [40])
+    loaders = [make_text_loader(parquet, tokenizer_model, TextLoaderConfig(200), rank=r, world_size=2) for r in (0, 1)]
+    keys = [epoch_keys(loader) for loader in loaders]
+    assert len(keys[0]) == len(keys[1]) > 0
+    assert not {k for b in keys[0] for k in b} & {k for b in keys[1] for k in b}
+
+
+@pytest.mark.parametrize("stop_after", [1, 4])
+def test_resume_mid_epoch_equals_the_uninterrupted_epoch(mono_parquet, tokenizer_model, stop_after):
+    """Stopped after ``stop_after`` batches (2 worker processes) and restored from its state, a new
+    loader yields exactly the remaining batches of the uninterrupted epoch, then the same next epoch."""
     from common.text_noising import TextNoiser
 
     def loader():
         noiser = TextNoiser(mask_id=4, random_ids=range(5, 20), mask_ratio=0.4, poisson_lambda=2.0)
-        return make_text_loader(pairs_parquet, tokenizer_model, TextLoaderConfig(80), seed=3, noiser=noiser)
+        return make_text_loader(mono_parquet, tokenizer_model, TextLoaderConfig(200, num_workers=2), seed=3,
+                                noiser=noiser)
+
+    reference = loader()
+    uninterrupted = [[b.src_tokens.data.tolist() for b in reference] for _ in range(2)]
+    first = loader()
+    for position, _ in enumerate(first, start=1):
+        if position == stop_after:
+            break
+    state = first.state_dict()
+    assert state == {"epoch": 0, "position": stop_after}
+    resumed = loader()
+    resumed.load_state_dict(state)
+    assert [b.src_tokens.data.tolist() for b in resumed] == uninterrupted[0][stop_after:]
+    assert [b.src_tokens.data.tolist() for b in resumed] == uninterrupted[1]
+
+
+def test_a_noiser_noises_sources_in_the_collate_from_seed_epoch_and_position(mono_parquet, tokenizer_model):
+    """With a noiser, mono sources hold <mask> (id 4 here) where spans were masked while the targets stay
+    clean; the same (seed, epoch, position) noises the same way."""
+    from common.text_noising import TextNoiser
+
+    def loader():
+        noiser = TextNoiser(mask_id=4, random_ids=range(5, 20), mask_ratio=0.4, poisson_lambda=2.0)
+        return make_text_loader(mono_parquet, tokenizer_model, TextLoaderConfig(200), seed=3, noiser=noiser)
 
     first = list(loader())
     assert any((batch.src_tokens.data == 4).any() for batch in first)
     assert all(not (batch.tokens.data == 4).any() for batch in first)
-    again = list(loader())
-    assert all(a.src_tokens.data.equal(b.src_tokens.data) for a, b in zip(first, again))
-    resumed = loader()
-    resumed.load_state_dict({"epoch": 0, "position": 2})
-    assert [batch.src_tokens.data.tolist() for batch in resumed] == [b.src_tokens.data.tolist() for b in first[2:]]
+    assert all(a.src_tokens.data.equal(b.src_tokens.data) for a, b in zip(first, loader()))
+
+
+def test_token_counts_are_kept_beside_the_shards_and_max_tokens_filters(tmp_path, tokenizer_model):
+    """The first loader keeps each shard's token counts (one .npy per shard); a second loader reads them
+    and plans the same epoch; max_tokens leaves out the longer sentences (source + target tokens)."""
+    parquet = write_text_shards(tmp_path / "mono.parquet", [12, 8])
+    first = make_text_loader(parquet, tokenizer_model, TextLoaderConfig(200))
+    assert len(glob.glob(str(tmp_path / "mono-*.parquet.tokens-*.npy"))) == 2
+    second = make_text_loader(parquet, tokenizer_model, TextLoaderConfig(200))
+    assert [b.tolist() for b in first.planned_rows(0)] == [b.tolist() for b in second.planned_rows(0)]
+    limited = make_text_loader(parquet, tokenizer_model, TextLoaderConfig(200, max_tokens=12))
+    kept = {k for batch in limited for k in batch.id}
+    lengths = dict(zip(all_keys(parquet), first.corpus.lengths.tolist()))
+    assert kept == {k for k, n in lengths.items() if n <= 12} and len(kept) < len(lengths)
+
+
+def test_a_parquet_that_is_not_text_shards_metadata_is_refused_with_the_fix(tmp_path, tokenizer_model):
+    """A single text parquet of the earlier format names make_text_shards.py."""
+    pq.write_table(pa.Table.from_pylist([{"sample_key": "a", "text": "the cat"}]), tmp_path / "old.parquet")
+    with pytest.raises(ValueError, match="make_text_shards.py"):
+        make_text_loader(tmp_path / "old.parquet", tokenizer_model, TextLoaderConfig(200))

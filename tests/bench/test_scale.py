@@ -1,0 +1,53 @@
+"""bench/scale.py at small sizes: each point runs in its own process and ends with one JSON line."""
+
+import json
+import os
+import subprocess
+import sys
+
+from bench import scale
+
+REPO = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
+
+
+def point(*options):
+    """The JSON line a ``bench/scale.py OPTIONS --json`` run ends with."""
+    result = subprocess.run([sys.executable, "bench/scale.py", *options, "--json"], cwd=REPO, capture_output=True,
+                            text=True, env=dict(os.environ, PYTHONPATH=REPO), check=True)
+    return json.loads(result.stdout.strip().splitlines()[-1])
+
+
+def test_a_planning_point_reports_its_seconds_and_peak_memory():
+    """10^4 utterances for 8 ranks: the plan's batches per rank, its seconds and the process's peak RSS."""
+    figures = point("--utterances", "10000", "--ranks", "8")
+    assert figures["utterances"] == 10_000 and figures["ranks"] == 8 and figures["shards"] == 100
+    assert figures["batches_per_rank"] > 0 and figures["seconds"] >= 0
+    assert figures["peak_rss_mb"] >= figures["baseline_rss_mb"] > 0
+
+
+def test_a_text_point_streams_every_sentence_once_as_the_in_memory_loader_does():
+    """3000 synthetic sentences in 3 shards through the streamed loader (2 workers) and the in-memory
+    baseline: both yield every sentence and the same tokens, each with its seconds and peak RSS."""
+    streamed = point("--text-sentences", "3000", "--shard-sentences", "1000")
+    in_memory = point("--text-sentences", "3000", "--shard-sentences", "1000", "--loader", "memory")
+    assert streamed["sentences"] == in_memory["sentences"] == 3000
+    assert streamed["tokens"] == in_memory["tokens"] > 0
+    assert streamed["worker_peak_rss_mb"] > 0 and streamed["peak_rss_mb"] > 0 and streamed["seconds"] > 0
+
+
+def test_the_synthetic_shards_are_uneven_and_cover_every_utterance():
+    """Every shard holds at least one utterance; shard sizes differ; rows are in shard order."""
+    durations, shard_of_row = scale.synthetic_speech_metadata(5000, 50)
+    sizes = [int((shard_of_row == s).sum()) for s in range(50)]
+    assert len(durations) == len(shard_of_row) == 5000 and min(sizes) >= 1 and len(set(sizes)) > 5
+    assert (durations >= 1.0).all() and (durations <= 30.0).all() and (shard_of_row[1:] >= shard_of_row[:-1]).all()
+
+
+def test_the_curves_are_drawn_from_the_points(tmp_path):
+    """Two PNGs from a planning and a text series."""
+    planning = [{"utterances": n, "ranks": r, "seconds": 0.1 * n / 1e4, "peak_rss_mb": 600 + n / 1e4}
+                for r in (1, 64) for n in (10_000, 100_000)]
+    text = [{"sentences": n, "loader": loader, "peak_rss_mb": 700.0, "tokens_per_s": 4e5}
+            for loader in ("stream", "memory") for n in (100_000, 1_000_000)]
+    scale.plot(planning, text, tmp_path)
+    assert (tmp_path / "scale_planning.png").stat().st_size > 1000 and (tmp_path / "scale_text.png").is_file()
