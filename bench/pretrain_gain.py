@@ -89,6 +89,7 @@ ARMS = {
     "new_voices_pool+lm": ("new_voices_pool", True),
     "scratch_equal_minutes": ("scratch_equal_minutes", False),
 }
+NO_SPEED_PERTURB = """'--train_loader={"speed_perturb":null}'"""  # shell words: quotes survive shlex.split
 CORE_ARMS = ("scratch+lm", "joint+lm")
 REFERENCE = "scratch+lm"
 POOL_ARMS = ("speech+lm", "text+lm", "joint+lm", "self_training+lm", "joint+self_training+lm")
@@ -120,7 +121,7 @@ def parse_args(argv=None):
     parser.add_argument("--finetune-config", default="recipes/finetune/hparams/small.yaml")
     parser.add_argument("--lm-config", default="recipes/lm/hparams/rnnlm.yaml")
     parser.add_argument("--pretrain-overrides", default="", help="more pretrain train.py overrides (every arm)")
-    parser.add_argument("--finetune-overrides", default='--train_loader={"speed_perturb":null}',
+    parser.add_argument("--finetune-overrides", default=NO_SPEED_PERTURB,
                         help="finetune train.py overrides, the same for every arm")
     parser.add_argument("--lm-overrides", default="", help="more recipes/lm train.py overrides")
     parser.add_argument("--lm-weight", type=float, default=1.0, help="LM fusion weight (run.sh's, chosen on dev)")

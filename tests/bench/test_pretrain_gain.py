@@ -7,7 +7,9 @@ import shlex
 import subprocess
 import sys
 
-from bench.pretrain_gain import text_without_train
+import yaml
+
+from bench.pretrain_gain import NO_SPEED_PERTURB, text_without_train
 from tests.recipes.finetune_args import REPO, TINY
 from tests.recipes.test_lm import TINY_LM
 from tests.recipes.test_pretrain import TINY as TINY_PRETRAIN
@@ -71,3 +73,11 @@ def test_the_lm_text_holds_no_training_transcript(tmp_path):
     assert open(out).read().splitlines() == ["x y", "d e f", "z"]
     (tmp_path / "lm_text.txt").write_text("changed\n")
     assert open(text_without_train(tmp_path, out)).read().splitlines() == ["x y", "d e f", "z"]
+
+
+def test_the_default_finetune_override_reaches_train_py_as_a_mapping():
+    """The default --finetune-overrides, split into words as the bench splits them, is one override whose
+    value reads as {speed_perturb: None} (without the shell quotes, YAML read a key "speed_perturb:null")."""
+    (word,) = shlex.split(NO_SPEED_PERTURB)
+    key, value = word.split("=", 1)
+    assert key == "--train_loader" and yaml.safe_load(value) == {"speed_perturb": None}
