@@ -2,7 +2,7 @@
 wall-clock budget, in one run on one machine.
 
 Every leg trains from scratch on the open corpus (``make open-corpus``: 2 h of Bible sentences, 22
-training voices) for ``--minutes`` (training ends after the epoch that spends them, validation included), one
+training voices) for ``--minutes`` (training ends at the update that spends them; that epoch is validated), one
 leg after the other, then decodes dev, test_seen (training voices) and test_unseen (voices never heard):
 
 - ``tandem``: ``recipes/finetune/train.py`` with ``recipes/finetune/hparams/small.yaml``, its shards

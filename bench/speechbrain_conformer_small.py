@@ -26,8 +26,8 @@ Two settings (``--settings``):
   unigram tokenizer of the corpus (5,000 pieces do not exist in 2 h of text). ``--overrides`` reach the
   keys it has (model sizes, batch, warmup: the smoke test's tiny model); the rest are logged and unused.
 
-Training ends after the epoch that spends ``--minutes`` (as Tandem's ``train_minutes``: validation
-included). Then every decoding setting of the grid (``--beams`` x ``--ctc-weights`` x ``--lm-weights``)
+Training ends at the update that spends ``--minutes`` and validates that epoch (as Tandem's
+``train_minutes``). Then every decoding setting of the grid (``--beams`` x ``--ctc-weights`` x ``--lm-weights``)
 decodes dev, the lowest dev WER is chosen (``bench/dev_choice.py``) and decodes each test split once.
 The output folder holds ``save/`` (checkpoints), ``trained.json`` (the training figures: minutes,
 epochs, updates, audio hours, data-wait share), ``hyp_<split>.jsonl`` per decoded split and
@@ -318,6 +318,8 @@ class ASR(sb.Brain):
     def on_fit_batch_end(self, batch, outputs, loss, should_step):
         if should_step:
             self.hparams.noam_annealing(self.optimizer)
+            if (time.time() - self.hparams.started) / 60 >= self.hparams.minutes:
+                self.optimizer_step_limit = self.optimizer_step  # the budget's update ends the epoch
 
     def on_stage_start(self, stage, epoch=None):
         self.metrics = {"greedy": TranscriptMetrics(), "beam": TranscriptMetrics()}

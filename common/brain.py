@@ -15,8 +15,10 @@ the per-term averages of each stage, TensorBoard, the epoch's log line, ``histor
   ``evaluation_state()`` / ``merge_evaluation_states(states)``, what each rank decoded and how the main
   figures are made of all ranks' (every rank then holds the figures of the whole split).
 
-A wall-clock budget (``train_minutes`` in the hparams; null: none) ends training after the epoch that
-spends it, counting the minutes of earlier runs of the same experiment (``history.json``).
+A wall-clock budget (``train_minutes`` in the hparams; null: none) ends training at the update that
+spends it, counting the minutes of earlier runs of the same experiment (``history.json``); the epoch
+it cuts short is then validated and checkpointed as any other (an epoch of a large corpus may be far
+longer than the budget).
 
 Its ``hparams`` need ``lr_scheduler``, ``log_interval_steps``, ``tensorboard_logger``,
 ``train_logger``, ``batch_log``, ``keep_checkpoints``, ``output_folder``, ``epoch_counter`` and
@@ -179,10 +181,13 @@ class RecipeBrain(sb.Brain):
                 group["lr"] = rate * group.get("lr_scale", 1.0)
 
     def on_fit_batch_end(self, batch, outputs, loss, should_step):
-        """The batch log line; every ``log_interval_steps`` updates the figures to TensorBoard."""
+        """The batch log line; every ``log_interval_steps`` updates the figures to TensorBoard; the
+        update that spends ``train_minutes`` is the epoch's last (SpeechBrain's step limit ends it)."""
         self.record_batch(batch, loss)
         if should_step and not self.optimizer_step % self.hparams.log_interval_steps:
             self.log_step(loss)
+        if should_step and self.budget_spent(self.minutes_before + (time.time() - self.fit_began) / 60):
+            self.optimizer_step_limit = self.optimizer_step
 
     def on_stage_end(self, stage, stage_loss, epoch=None):
         """Training keeps its figures for the epoch's line; validation (or training, when there is
@@ -217,8 +222,8 @@ class RecipeBrain(sb.Brain):
         self.checkpointer.save_and_keep_only(meta={"epoch": epoch, **({key: valid_stats[key]} if ranked else {})},
                                              num_to_keep=self.hparams.keep_checkpoints, **ranking)
         if self.budget_spent(minutes):
-            logger.info("the training budget of %g minutes is spent after epoch %d (%.1f min)",
-                        self.hparams.train_minutes, epoch, minutes)
+            logger.info("the training budget of %g minutes is spent in epoch %d (%.1f min, %d updates)",
+                        self.hparams.train_minutes, epoch, minutes, self.optimizer_step)
             self.hparams.epoch_counter.limit = epoch
 
     def budget_spent(self, minutes):

@@ -106,13 +106,18 @@ def test_config_errors_are_caught_before_any_work(speech_shards, tokenizer_file,
 
 
 def test_training_stops_when_its_minutes_are_spent(speech_shards, tokenizer_file, tmp_path):
-    """train_minutes: training ends after the epoch that spends the budget (not number_of_epochs),
-    history.json records the minutes, and a rerun of the spent experiment trains no further epoch."""
+    """train_minutes: training ends at the update that spends the budget (here the first of an epoch
+    of several: not the epoch's end, not number_of_epochs), that epoch is validated and recorded in
+    history.json with its minutes, and a rerun of the spent experiment trains no further update."""
     argv = train_argv(speech_shards, tokenizer_file, tmp_path / "exp", "--number_of_epochs=3",
-                      "--train_minutes=0.001", "--do_test=False")
+                      "--train_minutes=0.000001", "--do_test=False")
+    full_epoch = train_argv(speech_shards, tokenizer_file, tmp_path / "full", "--number_of_epochs=1", "--do_test=False")
+    train.main(full_epoch)
+    assert json.loads((tmp_path / "full" / "history.json").read_text())[0]["steps"] > 1
     train.main(argv)
     history = json.loads((tmp_path / "exp" / "history.json").read_text())
-    assert [r["epoch"] for r in history] == [1] and history[0]["minutes"] > 0
+    assert [(r["epoch"], r["steps"]) for r in history] == [(1, 1)] and history[0]["minutes"] > 0
+    assert history[0]["valid"] is not None
     train.main(argv)
     assert len(json.loads((tmp_path / "exp" / "history.json").read_text())) == 1
 
