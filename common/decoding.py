@@ -14,9 +14,12 @@ A train.py builds the searcher once (or in its yaml with
 import logging
 
 import torch
+import torch.nn.functional as F
+from speechbrain.dataio.dataio import length_to_mask
 from speechbrain.decoders.ctc import ctc_greedy_decode
 from speechbrain.decoders.scorer import CTCScorer, LengthScorer, RNNLMScorer, ScorerBuilder, TransformerLMScorer
 from speechbrain.decoders.seq2seq import S2STransformerBeamSearcher
+from speechbrain.decoders.utils import _update_mem
 
 from common.tokens import BLANK, BOS, EOS
 
@@ -43,21 +46,31 @@ def ctc_greedy(ctc_log_probs, wav_lens):
 
 
 class JointCTCAttentionSearcher(S2STransformerBeamSearcher):
-    """``S2STransformerBeamSearcher`` that also works with ``ctc_weight = 1``.
+    """``S2STransformerBeamSearcher`` that also works with ``ctc_weight = 1`` and decodes each step
+    incrementally.
 
     With the attention weight at 0, SpeechBrain 1.1.2 skips the decoder but keeps the
     previous step's scores as this step's base, so CTC scores pile up step after step and
     the search emits garbage. Each step starts from zeros here instead.
 
+    SpeechBrain's step runs the decoder over the whole prefix and projects the encoder states to
+    cross-attention keys and values again at every step: on a CPU that projection is most of a
+    decoding's time. Here (``cached``, the default) the keys and values of the encoder states are
+    projected once per batch, each layer keeps its self-attention inputs of the earlier positions, and
+    a step runs only the new position: the same scores up to float rounding (a test compares them),
+    several times faster (``bench/decoding_speed.py``).
+
     ``prefix_tokens`` (e.g. a target-language tag) are fed to the decoder after ``<s>`` before the
     search starts and are not part of the hypotheses, as in training with ``ignore_prefix_tokens``.
     """
 
-    def __init__(self, *args, prefix_tokens=(), **kwargs):
+    def __init__(self, *args, prefix_tokens=(), cached=True, **kwargs):
         super().__init__(*args, **kwargs)
         self.prefix_tokens = [int(token) for token in prefix_tokens]
         if self.prefix_tokens:
             self.bos_index = self.prefix_tokens[-1]  # the first step's input: the last prefix token
+        self.cached = cached and _cacheable(self.model)
+        self._cross = None  # (encoder states, [(keys, values) per decoder layer])
 
     def reset_mem(self, batch_size, device):
         """Decoder input before the first step: ``<s>`` and all prefix tokens but the last."""
@@ -66,6 +79,66 @@ class JointCTCAttentionSearcher(S2STransformerBeamSearcher):
         start = torch.tensor([BOS] + self.prefix_tokens[:-1], device=device)
         return start.repeat(batch_size, 1)
 
+    def permute_mem(self, memory, index):
+        """Keep the surviving hypotheses' tokens (and their layers' cached inputs)."""
+        if isinstance(memory, tuple):
+            tokens, layer_inputs = memory
+            return (tokens.index_select(0, index), [inputs.index_select(0, index) for inputs in layer_inputs])
+        return super().permute_mem(memory, index)
+
+    def forward_step(self, inp_tokens, memory, enc_states, enc_lens):
+        """Log-probabilities of the next token; the memory is ``(tokens, per-layer inputs)``."""
+        if not self.cached:
+            return super().forward_step(inp_tokens, memory, enc_states, enc_lens)
+        tokens, cache = memory if isinstance(memory, tuple) else (memory, None)
+        tokens = _update_mem(inp_tokens, tokens)
+        done = 0 if cache is None else cache[0].size(1)
+        transformer = self.model
+        embedded = transformer.custom_tgt_module(tokens)
+        embedded = embedded + (transformer.positional_encoding_decoder(embedded)
+                               if transformer.attention_type == "RelPosMHAXL"
+                               else transformer.positional_encoding(embedded))
+        x = embedded[:, done:]
+        new = x.size(1)
+        causal = None
+        if new > 1:  # the prefix tokens at the first step: each sees itself and what precedes it
+            above = torch.ones(new, done + new, dtype=torch.bool, device=x.device).triu(done + 1)
+            causal = torch.zeros(above.shape, device=x.device).masked_fill(above, float("-inf"))
+        keep = length_to_mask(enc_lens, max_len=enc_states.size(1)).bool()[:, None, None, :]
+        layer_inputs = []
+        for number, layer in enumerate(transformer.decoder.layers):
+            before = layer.normalize_before
+            h = layer.norm1(x) if before else x
+            keys = h if cache is None else torch.cat([cache[number], h], dim=1)
+            layer_inputs.append(keys)
+            attended, _ = layer.self_attn(query=h, key=keys, value=keys, attn_mask=causal)
+            x = x + attended if before else layer.norm1(x + attended)
+            h = layer.norm2(x) if before else x
+            attended = self._cross_attention(layer.multihead_attn.att, h, number, enc_states, keep)
+            x = x + attended if before else layer.norm2(x + attended)
+            h = layer.norm3(x) if before else x
+            x = x + layer.pos_ffn(h) if before else layer.norm3(x + layer.pos_ffn(h))
+        prediction = transformer.decoder.norm(x[:, -1:])
+        log_probs = self.softmax(self.fc(prediction) / self.temperature)
+        return log_probs[:, -1, :], (tokens, layer_inputs), None
+
+    def _cross_attention(self, attention, queries, number, enc_states, keep):
+        """``torch.nn.MultiheadAttention`` of ``queries`` over the encoder states, their keys and
+        values projected once per batch."""
+        if self._cross is None or self._cross[0] is not enc_states:
+            self._cross = (enc_states, [None] * len(self.model.decoder.layers))
+        heads, width = attention.num_heads, attention.embed_dim
+        if self._cross[1][number] is None:
+            weight, bias = attention.in_proj_weight, attention.in_proj_bias
+            keys = F.linear(enc_states, weight[width:2 * width], bias[width:2 * width])
+            values = F.linear(enc_states, weight[2 * width:], bias[2 * width:])
+            self._cross[1][number] = tuple(t.unflatten(-1, (heads, -1)).transpose(1, 2) for t in (keys, values))
+        keys, values = self._cross[1][number]
+        q = F.linear(queries, attention.in_proj_weight[:width], attention.in_proj_bias[:width])
+        q = q.unflatten(-1, (heads, -1)).transpose(1, 2)
+        out = F.scaled_dot_product_attention(q, keys, values, attn_mask=keep)
+        return attention.out_proj(out.transpose(1, 2).flatten(2))
+
     def _attn_weight_step(self, inp_tokens, memory, enc_states, enc_lens, attn, log_probs):
         """Decoder scores for this step, or zeros when the decoder's weight is 0."""
         if self.attn_weight > 0:
@@ -73,6 +146,19 @@ class JointCTCAttentionSearcher(S2STransformerBeamSearcher):
                 inp_tokens, memory, enc_states, enc_lens, attn, log_probs
             )
         return torch.zeros_like(log_probs), memory, attn
+
+
+def _cacheable(transformer):
+    """Whether the incremental step knows this decoder: SpeechBrain's ``TransformerASR`` decoder of
+    plain multi-head attention with packed projections, sine positions."""
+    layers = getattr(getattr(transformer, "decoder", None), "layers", None)
+    if not layers or transformer.attention_type not in ("RelPosMHAXL", "regularMHA"):
+        return False
+    if transformer.attention_type == "regularMHA" and transformer.positional_encoding_type != "fixed_abs_sine":
+        return False
+    attention = getattr(layers[0].multihead_attn, "att", None)
+    return (isinstance(attention, torch.nn.MultiheadAttention) and attention._qkv_same_embed_dim
+            and attention.in_proj_bias is not None and attention.bias_k is None)
 
 
 def lm_scorer(lm):

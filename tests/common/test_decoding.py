@@ -139,3 +139,46 @@ def test_ids_to_text_round_trips_through_sentencepiece(tmp_path):
     tokenizer = spm.SentencePieceProcessor(model_file=str(tmp_path / "word_10.model"))
     ids = tokenizer.encode("turn right now")
     assert ids_to_text(tokenizer, [[1] + ids + [2], [0] + ids]) == ["turn right now"] * 2
+
+
+def random_model(attention_type, vocab_size=12):
+    """An untrained (seeded) tiny model of the graph with ``attention_type``: its scores are spread,
+    so any difference between two ways of computing them shows."""
+    torch.manual_seed(1)
+    with open(GRAPH_YAML) as f:
+        graph = load_hyperpyyaml(f, {
+            "vocab_size": vocab_size, "d_model": 32, "nhead": 4, "num_encoder_layers": 1,
+            "num_decoder_layers": 2, "d_ffn": 64, "n_mels": 20, "frontend_channels": 8,
+            "frontend_out_channels": 8, "dropout": 0.0, "spec_augment_prob": 0.0,
+            "attention_type": attention_type})
+    return graph["model"].eval()
+
+
+@pytest.mark.parametrize("attention_type", ["RelPosMHAXL", "regularMHA"])
+@pytest.mark.parametrize("prefix", [(), (10, 11)])
+def test_incremental_decoder_steps_equal_the_whole_prefix_recomputed(attention_type, prefix):
+    """The cached step (encoder keys/values projected once, only the new position run) gives the
+    scores SpeechBrain's step gives by running the decoder over the whole prefix, at every step of a
+    search whose beams are reordered between steps, prefix tokens and padded encoder states included;
+    and both searches return the same hypotheses and scores."""
+    model = random_model(attention_type)
+    enc = torch.randn(2, 9, 32).repeat_interleave(2, dim=0)  # 2 utterances x 2 beams, as the search holds them
+    enc_lens = torch.tensor([9, 9, 4, 4])
+    searchers = [build_beam_searcher(model, beam_size=2, ctc_weight=0.0, prefix_tokens=prefix) for _ in range(2)]
+    searchers[1].cached = False
+    assert searchers[0].cached
+    memories = [s.reset_mem(4, "cpu") for s in searchers]
+    tokens = torch.full((4,), prefix[-1] if prefix else 1)
+    generator = torch.Generator().manual_seed(0)
+    with torch.no_grad():
+        for _ in range(6):
+            steps = [s.forward_step(tokens, m, enc, enc_lens) for s, m in zip(searchers, memories)]
+            torch.testing.assert_close(steps[0][0], steps[1][0], atol=1e-5, rtol=1e-5)
+            # an utterance's beams die and duplicate
+            order = torch.randint(0, 2, (4,), generator=generator) + torch.tensor([0, 0, 2, 2])
+            memories = [s.permute_mem(step[1], order) for s, step in zip(searchers, steps)]
+            tokens = torch.randint(3, 10, (4,), generator=generator)
+        enc, wav_lens = torch.randn(3, 9, 32), torch.tensor([1.0, 0.7, 0.5])
+        results = [s(enc, wav_lens) for s in searchers]
+    assert [list(map(int, h)) for h in results[0][0]] == [list(map(int, h)) for h in results[1][0]]
+    torch.testing.assert_close(torch.as_tensor(results[0][2]), torch.as_tensor(results[1][2]), atol=1e-4, rtol=1e-4)
