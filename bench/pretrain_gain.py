@@ -31,7 +31,10 @@ is ``scratch+lm,joint+lm``):
 
 Every finetune has the same config, overrides (``--finetune-overrides``; by default no speed
 perturbation for every arm: with it, 225 utterances stayed on the CTC plateau from scratch) and
-``--finetune-minutes``. Selection (the self-training threshold, ``best+lm``) reads dev only; the test
+``--finetune-minutes``, but for one rule the bench applies per pretrained arm on dev: what the finetune
+keeps of the pretraining (``--pretrained-parts``: every part, or the decoder alone on a fresh encoder),
+each candidate finetuned, the one of lowest greedy CTC dev CER kept, all of them charged. Selection (these
+parts, the self-training threshold, ``best+lm``) reads dev only; the test
 splits are decoded after every requested arm is trained, once: hypotheses are kept in each arm's folder
 (``bench_hyp_<split>[_lm].jsonl``) and reused, as are finished trainings (``bench_step.json``), so
 ``--arms all --seeds 3`` can be built over several runs. ``--seeds N`` draws N labelled subsets (seeds
@@ -43,8 +46,8 @@ spent in all (pretraining + LM + finetuning + pseudo-labelling, each component c
 median over subsets and the goals. ``--json`` ends with one line: ``{"arms": [{"arm", "split", "wer",
 "wer_ci", "gain_vs_scratch_lm", "gain_ci", "minutes"}...], "per_seed": [...], "best": ...}``; with
 several subsets a row holds the median WER and gain, and the interval of the subset whose figure is that
-median. The default run (one pretraining of 7 min and the epoch it ends in, an LM of 7 min, two 9-minute
-finetunes, their test decodings with the LM) is sized to fit 60 minutes on 2 CPU cores.
+median. The default run (one pretraining of 7 min, an LM of 7 min, three 9-minute finetunes: scratch
+and joint's two candidates, four test decodings with the LM) is sized to fit 60 minutes on 2 CPU cores.
 """
 
 import argparse
@@ -93,6 +96,8 @@ NO_SPEED_PERTURB = """'--train_loader={"speed_perturb":null}'"""  # shell words:
 CORE_ARMS = ("scratch+lm", "joint+lm")
 REFERENCE = "scratch+lm"
 POOL_ARMS = ("speech+lm", "text+lm", "joint+lm", "self_training+lm", "joint+self_training+lm")
+PARTS = {  # --pretrained-parts candidates -> finetune pretrained_parts (None: the config's, every group)
+    "all": None, "decoder": "[cross_attention, language_model]", "encoder": "[encoder, ctc]"}
 SELF_TRAINING = {"self_training": ("scratch", ("pool",)), "joint_self_training": ("joint", ("pool",)),
                  "new_voices_pool": ("scratch", ("pool", NEW_VOICES))}  # model -> (labeller, pools)
 
@@ -110,7 +115,7 @@ def parse_args(argv=None):
     parser.add_argument("--seeds", type=int, default=1, help="labelled subsets (seeds 1234, 1235, ...)")
     parser.add_argument("--labelled-share", type=float, default=0.15, help="share of train that is labelled")
     parser.add_argument("--pretrain-minutes", type=float, default=7.0,
-                        help="each pretraining's budget (it ends after the epoch that spends it)")
+                        help="each pretraining's budget (it ends at the update that spends it)")
     parser.add_argument("--lm-minutes", type=float, help="the LM's budget (default: --pretrain-minutes, the "
                                                           "minutes text pretraining gets)")
     parser.add_argument("--finetune-minutes", type=float, default=9.0, help="every finetune's budget")
@@ -127,10 +132,17 @@ def parse_args(argv=None):
     parser.add_argument("--lm-weight", type=float, default=1.0, help="LM fusion weight (run.sh's, chosen on dev)")
     parser.add_argument("--lm-beam", type=int, default=16, help="beam size with the LM (run.sh's)")
     parser.add_argument("--lm-ctc-weight", type=float, default=0.6, help="CTC weight with the LM (run.sh's)")
+    parser.add_argument("--pretrained-parts", default="all,decoder",
+                        help="what each pretrained arm may keep of its pretraining, chosen per arm on dev (the "
+                             "finetune's greedy CTC dev CER), each candidate finetuned and charged: of "
+                             + ", ".join(PARTS))
     parser.add_argument("--pseudo-label-args", default="", help="more recipes/finetune/pseudo_label.py options")
     parser.add_argument("--json", action="store_true", help="end with one JSON line of the figures")
     args = parser.parse_args(argv)
     args.arms = arm_list(args.arms)
+    args.pretrained_parts = [name.strip() for name in args.pretrained_parts.split(",") if name.strip()]
+    if not args.pretrained_parts or set(args.pretrained_parts) - set(PARTS):
+        raise SystemExit(f"error: --pretrained-parts {args.pretrained_parts}: use names of {list(PARTS)}")
     args.lm_minutes = args.pretrain_minutes if args.lm_minutes is None else args.lm_minutes
     args.self_training_minutes = args.self_training_minutes or args.finetune_minutes
     args.corpus, args.exp = os.path.abspath(args.corpus), os.path.abspath(args.exp)
@@ -213,6 +225,13 @@ def text_without_train(corpus, out):
     return out
 
 
+def dev_figures(folder):
+    """``{"wer", "cer"}`` of a finetune's test stage over dev (greedy CTC), from its results.json."""
+    with open(os.path.join(folder, "results.json"), encoding="utf-8") as f:
+        valid = json.load(f)["valid"]
+    return {"wer": valid["wer"], "cer": valid["cer"]}
+
+
 def ensure_corpus(corpus):
     """The corpus folder; the default open corpus is synthesized when missing, another must exist."""
     missing = [name for name in ("train.jsonl", "dev.jsonl", "lm_text.txt")
@@ -289,6 +308,7 @@ class Bench:
         self.done = {}  # step name -> minutes
         self.models = {}  # (model name, seed) -> Model
         self.decoders = {}
+        self.choices = {}  # arm folder -> dev figures of each pretrained-parts candidate and the choice
 
     def lm(self):
         """The LM on lm_text.txt, trained once for ``--lm-minutes``."""
@@ -316,7 +336,7 @@ class Bench:
                 *MODALITIES[modality], *shlex.split(a.pretrain_overrides)])
         return folder
 
-    def finetune(self, name, train_parquets, minutes, init=None):
+    def finetune(self, name, train_parquets, minutes, init=None, parts=None):
         """One finetune (averaged at its end; its test stage is a greedy pass over dev) -> minutes."""
         a, valid = self.args, os.path.join(self.data.shards["valid"], POOL_PARQUET)
         folder = os.path.join(a.exp, name)
@@ -324,7 +344,9 @@ class Bench:
                    f"--tokenizer_file={self.data.tokenizer}", f"--train_parquet=[{', '.join(train_parquets)}]",
                    f"--valid_parquet={valid}", f"--test_parquets=[{valid}]", "--test_search=ctc_greedy",
                    "--number_of_epochs=1000", f"--train_minutes={minutes}", "--noprogressbar",
-                   *([f"--pretrained={init}"] if init else []), *shlex.split(a.finetune_overrides)]
+                   *([f"--pretrained={init}"] if init else []),
+                   *([f"--pretrained_parts={PARTS[parts]}"] if parts and PARTS[parts] else []),
+                   *shlex.split(a.finetune_overrides)]
         self.done[name] = step(folder, command)
         return folder
 
@@ -339,9 +361,7 @@ class Bench:
         labelled, pool = labelled_subset(self.data.shards["train"], a.labelled_share, seed)
         where = f"seed{seed}/{name}"
         if name in MODALITIES:
-            init = self.pretrained(name)
-            return Model(self.finetune(where, [labelled], a.finetune_minutes, init),
-                         {f"pretrain_{name}": self.done[f"pretrain_{name}"], where: self.done[where]})
+            return self.finetune_pretrained(name, where, labelled)
         if name == "scratch":
             return Model(self.finetune(where, [labelled], a.finetune_minutes), {where: self.done[where]})
         if name == "scratch_equal_minutes":
@@ -355,6 +375,24 @@ class Bench:
         labeller, pools = SELF_TRAINING[name]
         return self.self_train(where, self.model(labeller, seed), labelled, {"pool": pool, NEW_VOICES:
                                                                              self.data.new_voices}, pools)
+
+    def finetune_pretrained(self, modality, where, labelled):
+        """Finetune from the ``modality`` pretraining once per ``--pretrained-parts`` candidate and keep
+        the one of lowest dev CER (the finetune's own greedy CTC pass over dev); every candidate's
+        minutes are charged to the arm."""
+        a, init = self.args, self.pretrained(modality)
+        components, dev = {f"pretrain_{modality}": self.done[f"pretrain_{modality}"]}, {}
+        for parts in a.pretrained_parts:
+            folder = where if parts == "all" else f"{where}_{parts}"
+            dev[folder] = (dev_figures(self.finetune(folder, [labelled], a.finetune_minutes, init, parts)), parts)
+            components[folder] = self.done[folder]
+        chosen = min(dev, key=lambda folder: dev[folder][0]["cer"])
+        if len(dev) > 1:
+            print(f"{where}: pretrained parts chosen on dev (greedy CTC CER / WER %): " + ", ".join(
+                f"{parts} {figures['cer']:.2f} / {figures['wer']:.2f}" for figures, parts in dev.values())
+                  + f" -> {dev[chosen][1]}", flush=True)
+        self.choices[where] = {parts: figures for figures, parts in dev.values()} | {"chosen": dev[chosen][1]}
+        return Model(os.path.join(a.exp, chosen), components)
 
     def self_train(self, where, labeller, labelled, pool_paths, pools):
         """Rounds of pseudo-labelling the pools with ``labeller`` + LM and finetuning from it."""
@@ -540,6 +578,7 @@ def main(argv=None):
         print(line)
     if args.json:
         print(json.dumps({"arms": merged, "per_seed": rows, "best": best, "best_dev_wer": dev,
+                          "pretrained_parts_dev": bench.choices,
                           "seeds": seeds, "labelled_share": args.labelled_share}))
 
 

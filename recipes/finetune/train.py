@@ -293,11 +293,30 @@ def split_name(parquet):
 
 
 def init_from_pretrained(hparams):
-    """Load the pretrained graph and feature statistics by name (a resumed run's own checkpoint,
-    recovered when fit starts, overrides them)."""
+    """Load the pretrained graph's ``pretrained_parts`` and, with the encoder, the feature statistics,
+    by name (a resumed run's own checkpoint, recovered when fit starts, overrides them)."""
     check_same_tokenizer(hparams["pretrained"], hparams["tokenizer_file"])
-    load_pretrained(hparams["pretrained"], {"model": hparams["model"], "normalize": hparams["graph"]["normalize"]},
-                    collect_in=os.path.join(hparams["save_folder"], "pretrained"))
+    model, parts = hparams["model"], set(hparams["pretrained_parts"])
+    groups = {parameter_group(name) for name, _ in model.named_parameters()}
+    if not parts or parts - groups:
+        raise UserValueError(f"pretrained_parts={sorted(parts)}: name one or more of {sorted(groups)}, e.g. "
+                             "--pretrained_parts='[cross_attention, language_model]'")
+    fresh = {name: tensor.clone() for name, tensor in model.state_dict().items()  # buffers included
+             if _group_of(name) not in (None, *parts)}
+    loadables = {"model": model, **({"normalize": hparams["graph"]["normalize"]} if "encoder" in parts else {})}
+    load_pretrained(hparams["pretrained"], loadables, collect_in=os.path.join(hparams["save_folder"], "pretrained"))
+    if fresh:
+        model.load_state_dict(fresh, strict=False)
+        logger.info("pretrained parts %s loaded; %s keep their fresh initialisation", sorted(parts),
+                    sorted(groups - parts))
+
+
+def _group_of(name):
+    """The parameter group of a state-dict entry; None for one of no group (e.g. a feature buffer)."""
+    try:
+        return parameter_group(name)
+    except ValueError:
+        return None
 
 
 def input_keys(hparams):

@@ -45,7 +45,8 @@ def bench(corpus, exp):
 
 def test_the_bench_prints_every_arm_with_intervals_and_reuses_finished_arms(speech_corpus, tmp_path):
     """The default arms (scratch+lm, joint+lm) end in one JSON line of rows with the interface's keys, the
-    reference's gain 0, intervals around each figure and the minutes spent; a second run trains and
+    reference's gain 0, intervals around each figure and the minutes spent; joint's pretrained parts
+    are chosen on dev between its two finetunes; a second run trains and
     decodes nothing (every step and hypothesis file is reused) and prints the same figures."""
     corpus = tiny_corpus(speech_corpus, tmp_path / "corpus")
     first = bench(corpus, tmp_path / "exp")
@@ -58,9 +59,13 @@ def test_the_bench_prints_every_arm_with_intervals_and_reuses_finished_arms(spee
     assert rows[0]["gain_vs_scratch_lm"] == 0.0
     assert rows[1]["minutes"] > rows[0]["minutes"] > 0  # joint+lm also spent the pretraining's minutes
     assert "new_voices" not in first  # only the requested arms are mentioned
+    choice = json.loads(first.strip().splitlines()[-1])["pretrained_parts_dev"]["seed1234/joint"]
+    assert set(choice) == {"all", "decoder", "chosen"}  # both candidates finetuned, the lower dev CER kept
+    assert choice["chosen"] == min(("all", "decoder"), key=lambda parts: choice[parts]["cer"])
+    assert "pretrained parts chosen on dev" in first
     second = bench(corpus, tmp_path / "exp")
     assert "+ " not in "".join(line[:2] for line in second.splitlines())  # no command was run again
-    assert "decoded" not in second and second.count("reused") == 4  # LM, pretraining, two finetunes
+    assert "decoded" not in second and second.count("reused") == 5  # LM, pretraining, three finetunes
     assert json.loads(second.strip().splitlines()[-1])["arms"] == rows
 
 

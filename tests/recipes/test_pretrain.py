@@ -116,6 +116,31 @@ def test_finetune_graph_loads_the_pretrained_encoder_embedding_and_decoder_by_na
     assert torch.equal(normalize.glob_mean, statistics["glob_mean"])
 
 
+def test_pretrained_parts_load_the_decoder_alone_and_leave_the_encoder_fresh(pretrained, speech_shards, tmp_path):
+    """pretrained_parts=[cross_attention, language_model]: every decoder tensor (and the token
+    embedding) is the pretrained one, every encoder and CTC tensor (buffers included) and the feature
+    statistics stay as initialised; a group name that does not exist is refused, naming the groups."""
+    hparams = finetune_hparams(pretrained, speech_shards, tmp_path)
+    hparams["pretrained_parts"] = ["cross_attention", "language_model"]
+    model, normalize = hparams["model"], hparams["graph"]["normalize"]
+    before = {name: tensor.clone() for name, tensor in model.state_dict().items()}
+    statistics_before = normalize.glob_mean.clone() if torch.is_tensor(normalize.glob_mean) else normalize.glob_mean
+    source = torch.load(os.path.join(glob.glob(str(pretrained / "save" / "CKPT+*"))[-1], "model.ckpt"))
+    finetune_train.init_from_pretrained(hparams)
+    loaded = model.state_dict()
+    fresh = ("frontend.", "transformer.custom_src_module.", "transformer.encoder.", "ctc_lin.")
+    assert any(name.startswith("transformer.encoder.") for name in loaded)
+    for name, tensor in loaded.items():
+        expected = before[name] if name.startswith(fresh) else source[name]
+        assert torch.equal(tensor, expected), name
+    assert any(not torch.equal(before[n], source[n]) for n in loaded if n.startswith("transformer.decoder."))
+    assert (torch.equal(normalize.glob_mean, statistics_before) if torch.is_tensor(statistics_before)
+            else normalize.glob_mean == statistics_before)
+    hparams["pretrained_parts"] = ["decoder"]
+    with pytest.raises(ValueError, match="language_model"):
+        finetune_train.init_from_pretrained(hparams)
+
+
 def test_run_sh_refuses_speech_that_is_not_a_shard_folder(tmp_path):
     """--train must be a shard folder: run.sh exits 2 naming the tool that makes one."""
     env = dict(os.environ, PYTHON=sys.executable)
