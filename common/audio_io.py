@@ -88,11 +88,13 @@ def read_audio_command(command, timeout_s, start_s=None, end_s=None, target_rate
 
 
 def to_mono_rate(samples, rate, target_rate=SAMPLE_RATE):
-    """Average the channels of ``samples`` [frames, channels] and resample to ``target_rate``."""
+    """Average the channels of ``samples`` [frames, channels] and resample to ``target_rate`` (in float64:
+    the ONNX runtime's numpy port of the filter then yields the same float32 samples, bit for bit, which
+    matters because the Opus pass after it turns a one-ulp difference into an audible one)."""
     mono = samples.mean(axis=1) if samples.ndim == 2 else samples
     if rate != target_rate:
         common = math.gcd(int(rate), int(target_rate))
-        mono = scipy.signal.resample_poly(mono, target_rate // common, int(rate) // common)
+        mono = scipy.signal.resample_poly(mono.astype(np.float64), target_rate // common, int(rate) // common)
     return np.ascontiguousarray(mono, dtype=np.float32)
 
 

@@ -210,7 +210,7 @@ class RecipeBrain(sb.Brain):
         """The epoch's log line (file and TensorBoard), history and curves, and its checkpoint."""
         minutes = self.minutes_before + (time.time() - self.fit_began) / 60
         meta = {"epoch": epoch, "lr": self.optimizer.param_groups[0]["lr"], "steps": self.optimizer_step,
-                "minutes": round(minutes, 2)}
+                "minutes": round(minutes, 4)}
         for logger_name in ("train_logger", "tensorboard_logger"):
             getattr(self.hparams, logger_name).log_stats(meta, train_stats=self.train_stats,
                                                          valid_stats=valid_stats)

@@ -59,9 +59,10 @@ def lowpass_filter(up, down):
 
 
 def resample_poly(samples, up, down, block=8192):
-    """``samples`` (float32, 1-D) resampled by ``up / down`` (coprime) as ``scipy.signal.resample_poly``
-    does, computed polyphase: output sample k sums the filter's phase (k * down) % up against the
-    input samples ending at (k * down) // up."""
+    """``samples`` (float64, 1-D; as transcribe.py's reader hands them to SciPy) resampled by ``up / down``
+    (coprime) as ``scipy.signal.resample_poly`` does, to the same float32 samples, computed polyphase:
+    output sample k sums the filter's phase (k * down) % up against the input samples ending at
+    (k * down) // up."""
     taps, half_len = lowpass_filter(up, down)
     taps = (taps.astype(samples.dtype) * up).astype(np.float64)  # SciPy keeps the input's precision
     num_out = -(-len(samples) * up // down)
@@ -85,7 +86,7 @@ def to_mono_rate(samples, rate, target_rate):
     mono = samples.mean(axis=1) if samples.ndim == 2 else samples
     if rate != target_rate:
         common = np.gcd(int(rate), int(target_rate))
-        mono = resample_poly(mono.astype(np.float32), target_rate // common, int(rate) // common)
+        mono = resample_poly(mono.astype(np.float64), target_rate // common, int(rate) // common)
     return np.ascontiguousarray(mono, dtype=np.float32)
 
 

@@ -13,6 +13,7 @@ import scipy.signal
 import soundfile as sf
 import torch
 
+from common.audio_io import to_mono_rate
 from common.inference import load_trained, split_at_silences
 from common.onnx_export import feature_settings, stft_power
 from recipes.finetune import export, onnx_transcribe, transcribe
@@ -63,13 +64,14 @@ def exported(talkative, tmp_path_factory):
 
 @pytest.mark.parametrize("rate", [8000, 22050, 44100, 48000, 11025])
 def test_the_numpy_resampler_is_scipys_resample_poly(rate):
-    """onnx_transcribe.py's polyphase resampler gives scipy.signal.resample_poly's samples (float32 rounding
-    apart), so a recording reaches the model as transcribe.py hands it over."""
-    samples = np.random.default_rng(0).standard_normal(int(0.7 * rate)).astype(np.float32) * 0.3
+    """onnx_transcribe.py's polyphase resampler gives the samples of transcribe.py's reader (SciPy's
+    resample_poly) bit for bit: the Opus pass after it would turn a one-ulp difference into a different
+    hypothesis."""
+    samples = np.random.default_rng(0).standard_normal((int(0.7 * rate), 2)).astype(np.float32) * 0.3
     ours = onnx_transcribe.to_mono_rate(samples, rate, 16000)
-    theirs = scipy.signal.resample_poly(samples, 16000 // np.gcd(rate, 16000), rate // np.gcd(rate, 16000))
-    assert ours.shape == theirs.shape and ours.dtype == np.float32
-    assert np.abs(ours - theirs).max() < 2e-6
+    theirs = to_mono_rate(samples, rate, 16000)
+    assert ours.shape == theirs.shape and ours.dtype == theirs.dtype == np.float32
+    assert np.array_equal(ours, theirs)
 
 
 def test_the_numpy_power_spectrum_is_the_fbanks(trained):
