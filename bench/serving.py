@@ -4,28 +4,32 @@
     python bench/serving.py exp/finetune_small data/open/test.jsonl [--threads 1 2] \\
         [--chunks_ms 1280 640 320] [--left_chunks 16] [--onnx_dir exported/small] [--json]
 
-Rows: offline greedy CTC and joint CTC/attention beam search (torch), streaming greedy CTC at each chunk
-size (torch, common/streaming.py; skipped, with the reason, for a model that cannot stream) and offline
+Rows: offline greedy CTC and joint CTC/attention beam search (torch), streaming greedy CTC and streaming
+CTC prefix beam with attention rescoring at each chunk size (torch, transcribe.py --stream's recognizers,
+common/streaming.py; skipped, with the reason, for a model that cannot stream) and offline
 greedy CTC on onnxruntime (the ``export.py --onnx`` folder ``--onnx_dir``, or one exported to a temporary
 folder). Every row decodes the same recordings (read once, through the shards' Opus pass, as
 ``transcribe.py`` reads them) one at a time, with torch and onnxruntime held to the row's thread count.
 
 Each row: WER with its bootstrap 95 % interval over utterances and CER (bench/stats.py), RTF = decoding
-seconds / audio seconds (reading excluded). Streaming rows also give the WER ratio to offline greedy
-with its paired interval, the mean compute time per chunk, and two latencies, the audio played in real
-time in ``chunk_ms`` pieces, each decoded when it has arrived and the previous one is done:
+seconds / audio seconds (reading excluded). Streaming rows also give the WER ratio to the same search
+offline (greedy to greedy, beam to the joint beam search) with its paired interval, the mean compute
+time per chunk, and two latencies, the audio played in real time in ``chunk_ms`` pieces, each decoded
+when it has arrived and the previous one is done:
 
 - first partial: from the end of the first word (the frame where offline greedy CTC emits its last
   token) until a partial hypothesis begins with that word's tokens, as offline greedy spells it
   (recordings where it never does, or whose offline hypothesis is empty, are left out; the row counts
   those kept); negative when the chunked encoder spells the word before offline greedy's frame;
-- final: from the end of the audio (no endpointer: the end stands for it) until the final hypothesis.
+- final: from the end of the audio (the end stands for an endpoint) until the final hypothesis (the beam
+  rows' includes the rescoring).
 
 INPUT is what ``transcribe.py`` takes; only recordings with a transcript are scored. With ``--json`` the
 last line holds every row.
 """
 
 import argparse
+import itertools
 import json
 import logging
 import os
@@ -39,7 +43,7 @@ import torch
 from bench import stats
 from common.audio_io import SAMPLE_RATE
 from common.inference import load_trained
-from common.streaming import StreamingRecognizer, check_streamable
+from common.streaming import check_streamable
 from common.tokens import BLANK
 from common.user_errors import UserError, run_command
 from recipes.finetune import export, onnx_transcribe, transcribe
@@ -57,6 +61,10 @@ def parse_args(argv):
                         help="streaming chunk sizes (ms)")
     parser.add_argument("--left_chunks", type=int, default=16, help="streaming left context (chunks)")
     parser.add_argument("--beam", type=int, default=None, help="beam size (default: the config's)")
+    parser.add_argument("--stream_searches", nargs="+", choices=("ctc_greedy", "beam"), default=["ctc_greedy", "beam"],
+                        help="streaming rows: greedy CTC, and CTC prefix beam with attention rescoring")
+    parser.add_argument("--endpoint_ms", type=float, default=1000.0, help="streaming beam: silence after speech "
+                        "that ends a segment (transcribe.py's --endpoint_ms)")
     parser.add_argument("--onnx_dir", default=None, help="an export.py --onnx folder of the same experiment "
                         "(default: export one to a temporary folder)")
     parser.add_argument("--json", action="store_true", help="end with one JSON line of the rows")
@@ -133,15 +141,18 @@ def first_words(trained, waveforms):
     return words
 
 
-def decode_streaming(trained, waveforms, words, chunk_ms, left_chunks):
-    """``(texts, seconds, extra)``: each recording fed in ``chunk_ms`` pieces as if played in real time;
-    ``extra`` holds the mean compute time per chunk and the mean first-partial and final latencies (ms,
-    see the module's docstring; ``words`` from ``first_words``)."""
+def decode_streaming(trained, waveforms, words, chunk_ms, args, search):
+    """``(texts, seconds, extra)``: each recording fed in ``chunk_ms`` pieces as if played in real time to
+    transcribe.py's recognizer of ``search`` (``ctc_greedy``, or ``beam``: CTC prefix beam with attention
+    rescoring); ``extra`` holds the mean compute time per chunk and the mean first-partial and final
+    latencies (ms, see the module's docstring; ``words`` from ``first_words``)."""
     frames = max(1, round(chunk_ms / 1000 * trained.model.frames_per_second()))
     piece = int(round(chunk_ms / 1000 * SAMPLE_RATE))
+    options = argparse.Namespace(ctc_greedy=search == "ctc_greedy", left_chunks=args.left_chunks, beam=args.beam,
+                                 endpoint_ms=args.endpoint_ms)
     texts, chunk_times, first_partials, finals = [], [], [], []
     for waveform, word in zip(waveforms, words):
-        recognizer, clock, first_partial = StreamingRecognizer(trained.model, frames, left_chunks), 0.0, None
+        recognizer, clock, first_partial = transcribe.make_recognizer(trained, frames, options), 0.0, None
         pushes = [(waveform[start:start + piece], min(len(waveform), start + piece) / SAMPLE_RATE, False)
                   for start in range(0, len(waveform), piece)]
         for samples, arrival, final in pushes + [(np.zeros(0, dtype=np.float32), len(waveform) / SAMPLE_RATE, True)]:
@@ -155,7 +166,7 @@ def decode_streaming(trained, waveforms, words, chunk_ms, left_chunks):
         if first_partial is not None:
             first_partials.append(first_partial)
         finals.append(clock - len(waveform) / SAMPLE_RATE)
-        texts.append(trained.tokenizer.processor.decode(recognizer.ids))
+        texts.append(transcribe.recognized_text(recognizer, trained.tokenizer.processor.decode))
     extra = {"chunk_compute_ms": round(1000 * float(np.mean(chunk_times)), 1),
              "first_partial_latency_ms": round(1000 * float(np.mean(first_partials)), 1) if first_partials else None,
              "first_partial_utterances": len(first_partials),
@@ -187,11 +198,12 @@ def measure(trained, entries, waveforms, args, onnx_dir):
         for search in ("ctc_greedy", "beam"):
             texts, seconds = decode_offline(trained, waveforms, search, args.beam)
             rows.append(row(f"torch offline {search}", threads, entries, texts, seconds, audio_s))
-        offline_greedy = rows[-2]
-        for chunk_ms in chunks_ms:
-            texts, seconds, extra = decode_streaming(trained, waveforms, words, chunk_ms, args.left_chunks)
-            rows.append(row(f"torch streaming {chunk_ms:.0f} ms", threads, entries, texts, seconds, audio_s, **extra))
-            rows[-1]["wer_vs_offline_greedy"] = wer_ratio(rows[-1], offline_greedy, refs)
+        offline = {"ctc_greedy": rows[-2], "beam": rows[-1]}
+        for search, chunk_ms in itertools.product(args.stream_searches, chunks_ms):
+            texts, seconds, extra = decode_streaming(trained, waveforms, words, chunk_ms, args, search)
+            rows.append(row(f"torch streaming {search} {chunk_ms:.0f} ms", threads, entries, texts, seconds, audio_s,
+                            **extra))
+            rows[-1]["wer_vs_offline"] = wer_ratio(rows[-1], offline[search], refs)
         texts, seconds = decode_onnx(onnx_dir, waveforms, threads)
         rows.append(row("onnxruntime offline ctc_greedy", threads, entries, texts, seconds, audio_s))
         logger.info("%d thread(s) measured", threads)
@@ -199,13 +211,14 @@ def measure(trained, entries, waveforms, args, onnx_dir):
 
 
 def table(rows, audio_s):
-    """The rows as a plain-text table (latencies and chunk compute in ms; ratio: WER / offline greedy's)."""
+    """The rows as a plain-text table (latencies and chunk compute in ms; ratio: WER / the same search's
+    offline WER)."""
     lines = [f"{len(rows)} rows over {audio_s:.1f} s of audio (RTF: decoding seconds per audio second)",
              f"{'row':32} {'thr':>3} {'WER % [95 % interval]':>22} {'CER %':>6} {'RTF':>7} {'ratio':>6} "
              f"{'chunk':>6} {'first':>6} {'final':>6}"]
     for r in rows:
         low, high = r["wer_interval"]
-        wer, ratio = f"{r['wer']:.2f} [{low:.2f}, {high:.2f}]", r.get("wer_vs_offline_greedy")
+        wer, ratio = f"{r['wer']:.2f} [{low:.2f}, {high:.2f}]", r.get("wer_vs_offline")
         lines.append(f"{r['row']:32} {r['threads']:>3} {wer:>22} "
                      f"{r['cer']:>6.2f} {r['rtf']:>7.4f} {'' if ratio is None else f'{ratio[0]:.2f}':>6} "
                      f"{r.get('chunk_compute_ms') or '':>6} {r.get('first_partial_latency_ms') or '':>6} "

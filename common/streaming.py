@@ -1,5 +1,5 @@
 """Streaming recognition with a finetuned model: audio in pieces, encoder state carried across chunks,
-greedy CTC hypotheses growing chunk by chunk.
+hypotheses growing chunk by chunk (greedy CTC, or CTC prefix beam search with attention rescoring).
 
     recognizer = StreamingRecognizer(trained.model, chunk_frames=16, left_chunks=16)
     for piece in pieces:                            # float32 16 kHz mono, any sizes
@@ -15,18 +15,31 @@ audio on both sides that it equals the offline frame (the Fbank's floor 80 dB un
 taken per window, not per recording). Hence a chunk covering a whole recording decodes it exactly as
 offline greedy CTC does, and smaller chunks differ only by the context they hide.
 
+``StreamingBeamRecognizer`` searches as WeNet's U2++ runtime does: SpeechBrain's ``CTCPrefixBeamSearcher``
+extends its n-best frame by frame on each chunk (partial hypotheses: the best prefix), an ``Endpointer``
+(WeNet's silence rules on the CTC blank) closes a segment, and at the segment's end (or the recording's)
+the attention decoder, and the language model when there is one, rescore the n-best over the segment's
+encoder states with the weights of the offline joint search.
+
 Streaming needs what can be computed chunk by chunk: a conformer encoder, relative positions
 (``attention_type: RelPosMHAXL``: absolute ones would restart at each chunk) and global feature
 statistics (``normalize_type: global``: sentence statistics need the whole recording).
 """
 
+import functools
+import math
+from dataclasses import dataclass
+
 import torch
+from speechbrain.decoders.ctc import CTCBeam, CTCPrefixBeamSearcher
 from speechbrain.lobes.models.transformer.Conformer import ConformerEncoder
 from speechbrain.utils.dynamic_chunk_training import DynChunkTrainConfig
 from speechbrain.utils.filter_analysis import stack_filter_properties
 
-from common.tokens import BLANK
+from common.tokens import BLANK, BOS, EOS
 from common.user_errors import UserValueError
+
+TOKEN_CHARACTERS = 0xE000  # Unicode's private use area: token id i is chr(TOKEN_CHARACTERS + i) in the CTC beams
 
 
 def check_streamable(model, why):
@@ -107,20 +120,26 @@ class StreamingRecognizer:
         self.context = model.transformer.make_streaming_context(DynChunkTrainConfig(chunk_frames, left_chunks))
         self.pending = None  # front-end frames waiting for a full chunk
         self.ids, self.previous = [], BLANK  # the hypothesis so far; the last frame's best token
+        self.finals = []  # the ids of each closed segment (greedy CTC closes none)
 
     @torch.no_grad()
     def push(self, samples, final=False):
         """Feed ``samples`` (float32 mono at the model's rate); with ``final``, the recording ends and the
-        last, shorter chunk is decoded. Returns whether the hypothesis (``ids``) grew."""
+        last, shorter chunk is decoded. Returns whether the hypothesis (``ids``) changed."""
         frames = self.frontend.push(samples, final)
         if frames is not None:
             self.pending = frames if self.pending is None else torch.cat([self.pending, frames], dim=1)
-        before = len(self.ids)
+        before = list(self.ids)
         while self.pending is not None and (self.pending.shape[1] >= self.chunk_frames or final):
             chunk, rest = self.pending[:, :self.chunk_frames], self.pending[:, self.chunk_frames:]
             self.pending = rest if rest.shape[1] else None
             self.decode_chunk(chunk)
-        return len(self.ids) > before
+        if final:
+            self.finish()
+        return self.ids != before
+
+    def finish(self):
+        """The recording has ended (greedy CTC has nothing left to do)."""
 
     def decode_chunk(self, frames):
         """One chunk through the encoder (its state carried in ``context``) and greedy CTC."""
@@ -129,3 +148,149 @@ class StreamingRecognizer:
             if token != self.previous and token != BLANK:
                 self.ids.append(token)
             self.previous = token
+
+
+@dataclass
+class Endpointer:
+    """WeNet's endpoint rules (runtime ``CtcEndpoint``), checked after each chunk: a frame is silent when
+    its CTC blank probability exceeds ``blank_threshold``; a segment ends after ``no_speech_ms`` of silence
+    with nothing decoded, after ``trailing_silence_ms`` of silence once something is decoded, or when it
+    has lasted ``max_segment_ms`` with something decoded (WeNet's defaults: 0.8, 5 s, 1 s, 20 s)."""
+
+    frame_ms: float
+    blank_threshold: float = 0.8
+    no_speech_ms: float = 5000.0
+    trailing_silence_ms: float = 1000.0
+    max_segment_ms: float = 20000.0
+
+    def __post_init__(self):
+        self.reset()
+
+    def reset(self):
+        self.frames, self.trailing = 0, 0  # frames in the segment; silent frames at its end
+
+    def step(self, blank_log_probs, decoded):
+        """Counts a chunk's frames (their blank log-probabilities, 1-D); whether the segment ends here
+        (``decoded``: the segment's best hypothesis is not empty)."""
+        for silent in (blank_log_probs > math.log(self.blank_threshold)).tolist():
+            self.trailing = self.trailing + 1 if silent else 0
+        self.frames += len(blank_log_probs)
+        silence_ms, length_ms = self.trailing * self.frame_ms, self.frames * self.frame_ms
+        if not decoded:
+            return silence_ms >= self.no_speech_ms
+        return silence_ms >= self.trailing_silence_ms or length_ms >= self.max_segment_ms
+
+
+class StreamingBeamRecognizer(StreamingRecognizer):
+    """CTC prefix beam search chunk by chunk, the n-best rescored by the attention decoder (and the LM) at
+    each endpoint and at the end (see the module's docstring). ``ids`` is the text so far: the rescored
+    segments, then the best prefix of the open segment.
+
+    Arguments
+    ---------
+    model, chunk_frames, left_chunks : as ``StreamingRecognizer``.
+    beam_size : int
+        Prefixes kept by the CTC search, all rescored.
+    ctc_weight : float
+        The rescoring score: ``ctc_weight * log p_ctc + (1 - ctc_weight) * log p_attention``
+        (+ ``lm_weight * log p_lm``), over the hypothesis and </s>, as the offline joint search.
+    length_normalization : bool
+        Rank by that score divided by the number of scored tokens (the offline search's setting).
+    lm, lm_weight : a ``recipes/lm`` model over the same pieces and its weight (None / 0: none).
+    prefix_ids : token ids given to the decoder after <s> and not scored (a target-language tag).
+    endpointer : Endpointer, optional
+        Default: WeNet's rules at the model's frame rate; None of its rules fires before the end when
+        its thresholds are infinite.
+    """
+
+    def __init__(self, model, chunk_frames, left_chunks, beam_size=10, ctc_weight=0.5, length_normalization=True,
+                 lm=None, lm_weight=0.0, prefix_ids=(), endpointer=None):
+        super().__init__(model, chunk_frames, left_chunks)
+        self.ctc_weight, self.length_normalization = ctc_weight, length_normalization
+        self.lm, self.lm_weight, self.prefix_ids = lm, lm_weight, list(prefix_ids)
+        self.searcher = prefix_searcher(model.ctc_lin.w.out_features, beam_size)
+        self.endpointer = endpointer or Endpointer(frame_ms=1000.0 / model.frames_per_second())
+        self.start_segment()
+
+    def start_segment(self):
+        self.beams = [CTCBeam(text="", full_text="", next_word="", partial_word="", last_token=None,
+                              last_token_index=None, text_frames=[], partial_frames=(-1, -1), score=0.0,
+                              score_ctc=0.0, p_b=0.0)]
+        self.segment_states, self.segment_frames = [], 0
+        self.endpointer.reset()
+
+    @staticmethod
+    def text_ids(text):
+        """The token ids a prefix's text stands for."""
+        return [ord(character) - TOKEN_CHARACTERS for character in text]
+
+    def decode_chunk(self, frames):
+        """One chunk through the encoder and the CTC prefix search; an endpoint closes the segment."""
+        enc_states = self.model.transformer.encode_streaming(frames, self.context)
+        log_probs = self.model.ctc_log_probs(enc_states)[0]
+        log_probs[:, [BOS, EOS]] = -math.inf  # never CTC targets: keep them out of the text beams
+        self.beams = self.searcher.partial_decoding(log_probs.numpy(), len(log_probs), self.beams, {}, {},
+                                                    processed_frames=self.segment_frames)
+        self.segment_states.append(enc_states)
+        self.segment_frames += len(log_probs)
+        best = self.text_ids(self.beams[0].text)
+        self.ids = [token for segment in self.finals for token in segment] + best
+        if self.endpointer.step(log_probs[:, BLANK], bool(best)):
+            self.end_segment()
+
+    def finish(self):
+        if self.segment_frames:
+            self.end_segment()
+
+    def end_segment(self):
+        """Rescore the segment's n-best, keep the best, start a new segment."""
+        beams = self.searcher.finalize_decoding(self.beams, {}, {}, force_next_word=True, is_end=True)
+        nbest, ctc_scores = [], []
+        for beam in beams:
+            ids = self.text_ids(beam.text)
+            if ids and ids not in nbest:
+                nbest.append(ids)
+                ctc_scores.append(beam.score)
+        if nbest:
+            scores = self.rescore(nbest, torch.tensor(ctc_scores))
+            self.finals.append(nbest[int(scores.argmax())])
+        self.ids = [token for segment in self.finals for token in segment]
+        self.start_segment()
+
+    def rescore(self, nbest, ctc_scores):
+        """Joint scores [n] of the hypotheses ``nbest`` (id lists) over the open segment's encoder states."""
+        n, prefix = len(nbest), [BOS] + self.prefix_ids
+        lengths = torch.tensor([len(ids) + 1 for ids in nbest])  # the scored tokens: the hypothesis and </s>
+        inputs = torch.full((n, len(prefix) + int(lengths.max()) - 1), EOS, dtype=torch.long)
+        targets = torch.full((n, int(lengths.max())), EOS, dtype=torch.long)
+        for row, ids in enumerate(nbest):
+            inputs[row, :len(prefix) + len(ids)] = torch.tensor(prefix + ids)
+            targets[row, :len(ids) + 1] = torch.tensor(ids + [EOS])
+        scored = torch.arange(targets.shape[1])[None] < lengths[:, None]
+        enc_states = torch.cat(self.segment_states, dim=1).expand(n, -1, -1)
+        dec_states, _ = self.model.transformer.decode(inputs, enc_states, torch.full((n,), enc_states.shape[1]))
+        att = torch.log_softmax(self.model.seq_lin(dec_states), dim=-1)[:, len(prefix) - 1:]
+        scores = self.ctc_weight * ctc_scores + (1.0 - self.ctc_weight) * token_log_probs(att, targets, scored)
+        if self.lm is not None and self.lm_weight > 0.0:
+            logits = self.lm(torch.cat([torch.full((n, 1), BOS), inputs[:, len(prefix):]], dim=1))
+            logits = logits[0] if isinstance(logits, tuple) else logits
+            scores = scores + self.lm_weight * token_log_probs(torch.log_softmax(logits, dim=-1), targets, scored)
+        return scores / lengths if self.length_normalization else scores
+
+
+@functools.lru_cache(maxsize=8)
+def prefix_searcher(vocab_size, beam_size):
+    """SpeechBrain's CTC prefix beam searcher returning ``beam_size`` hypotheses over ``vocab_size`` tokens
+    (it holds settings only, so recognizers share it). It keeps prefixes as text: one private-use character
+    per token id makes that text the id sequence itself (no piece is read as a word boundary; its "space" is
+    the blank, which is never appended)."""
+    vocab = [chr(TOKEN_CHARACTERS + i) for i in range(vocab_size)]
+    return CTCPrefixBeamSearcher(blank_index=BLANK, vocab_list=vocab, space_token=vocab[BLANK], beam_size=beam_size,
+                                 prune_history=False, topk=beam_size)
+
+
+def token_log_probs(log_probs, targets, mask):
+    """Sum over each row of ``log_probs`` [n, steps, vocab] at ``targets`` [n, steps] where ``mask``."""
+    steps = targets.shape[1]
+    picked = log_probs[:, :steps].gather(-1, targets[..., None])[..., 0]
+    return (picked * mask).sum(dim=1)

@@ -18,8 +18,12 @@ a Kaldi ``text``), WER / CER are printed.
 
 ``--stream`` decodes as a live recognizer would (common/streaming.py): the audio arrives in chunks of
 ``--chunk_ms``, the conformer's state is carried from chunk to chunk (each chunk sees ``--left_chunks``
-before it), greedy CTC extends the hypothesis, and each change is written to stderr as
-``partial<TAB>key<TAB>text``; the final line goes to stdout as without it. ``-`` as INPUT reads raw 16-bit
+before it), a CTC prefix beam search (``--beam``) extends its n-best on each chunk, and each change of
+the best prefix is written to stderr as ``partial<TAB>key<TAB>text``. At an endpoint (``--endpoint_ms``
+of silence after speech, WeNet's rules) and at the end, the attention decoder and the LM rescore the
+n-best with the config's weights; the segment goes to stderr as ``final<TAB>key<TAB>text`` and the
+recording's segments, joined, to stdout as without ``--stream``. ``--ctc_greedy`` streams greedy CTC
+instead (no rescoring, no endpoints). ``-`` as INPUT reads raw 16-bit
 little-endian PCM, mono at 16 kHz, from stdin until it closes (``arecord -f S16_LE -r 16000 -c 1 |
 transcribe.py EXP - --stream``), without the Opus pass. Streaming wants a model trained with
 ``chunk_training: True``, ``attention_type: RelPosMHAXL`` and ``normalize_type: global``.
@@ -29,6 +33,7 @@ be transcribed.
 """
 
 import argparse
+import itertools
 import json
 import logging
 import os
@@ -48,7 +53,7 @@ from common.corpora.readers import (
 )
 from common.inference import length_batches, load_trained, split_at_silences
 from common.metrics import TranscriptMetrics
-from common.streaming import StreamingRecognizer
+from common.streaming import Endpointer, StreamingBeamRecognizer, StreamingRecognizer
 from common.user_errors import UserError, run_command
 
 logger = logging.getLogger("transcribe")
@@ -78,12 +83,15 @@ def parse_args(argv):
     parser.add_argument("--ctc_weight", type=float, default=None,
                         help="the CTC share of the joint score (default: the config's; with an LM, 0.6 and "
                              "--beam 16 measured best on the open corpus)")
-    parser.add_argument("--stream", action="store_true", help="decode chunk by chunk (greedy CTC), partial "
-                        "hypotheses on stderr; INPUT '-' reads raw 16-bit 16 kHz mono PCM from stdin")
+    parser.add_argument("--stream", action="store_true", help="decode chunk by chunk (CTC prefix beam, attention "
+                        "rescoring at endpoints), partial hypotheses on stderr; INPUT '-' reads raw 16-bit 16 kHz "
+                        "mono PCM from stdin")
     parser.add_argument("--chunk_ms", type=float, default=640.0, help="--stream: audio per chunk (rounded to "
                         "whole encoder frames)")
     parser.add_argument("--left_chunks", type=int, default=16, help="--stream: chunks of past context each "
                         "chunk attends to")
+    parser.add_argument("--endpoint_ms", type=float, default=1000.0, help="--stream: silence after speech that "
+                        "ends a segment (its n-best is then rescored; WeNet's rule 2)")
     return parser.parse_args(argv)
 
 
@@ -163,15 +171,42 @@ def chunk_frames(trained, chunk_ms):
     return frames
 
 
-def stream_one(trained, key, pieces, frames, left_chunks):
-    """The text of one recording fed piece by piece (float32 arrays) to a fresh StreamingRecognizer
-    (``frames`` per chunk); each longer hypothesis is written to stderr."""
-    recognizer = StreamingRecognizer(trained.model, frames, left_chunks)
-    for piece in pieces:
-        if recognizer.push(piece):
-            print(f"partial\t{key}\t{trained.tokenizer.processor.decode(recognizer.ids)}", file=sys.stderr, flush=True)
-    recognizer.push(np.zeros(0, dtype=np.float32), final=True)
-    return trained.tokenizer.processor.decode(recognizer.ids)
+def make_recognizer(trained, frames, args):
+    """A fresh recognizer of ``frames`` encoder frames per chunk: greedy CTC with ``--ctc_greedy``, else the
+    CTC prefix beam search rescored with the experiment's decoding settings and LM."""
+    if args.ctc_greedy:
+        return StreamingRecognizer(trained.model, frames, args.left_chunks)
+    settings = trained.settings
+    endpointer = Endpointer(frame_ms=1000.0 / trained.model.frames_per_second(), trailing_silence_ms=args.endpoint_ms)
+    return StreamingBeamRecognizer(
+        trained.model, frames, args.left_chunks, beam_size=args.beam or settings["beam_size"],
+        ctc_weight=settings["ctc_weight"], length_normalization=settings["length_normalization"], lm=trained.lm,
+        lm_weight=settings["lm_weight"], prefix_ids=trained.prefix_ids, endpointer=endpointer)
+
+
+def stream_one(trained, key, pieces, recognizer):
+    """The text of one recording fed piece by piece (float32 arrays, read as they arrive) to a fresh
+    ``recognizer``; each change of the hypothesis, and each rescored segment, is written to stderr."""
+    decode, segments = trained.tokenizer.processor.decode, 0
+    for piece in itertools.chain(pieces, [None]):  # None: the end of the recording
+        if piece is None:
+            changed = recognizer.push(np.zeros(0, dtype=np.float32), final=True)
+        else:
+            changed = recognizer.push(piece)
+        for segment in recognizer.finals[segments:]:
+            print(f"final\t{key}\t{decode(segment)}", file=sys.stderr, flush=True)
+        segments = len(recognizer.finals)
+        if changed and piece is not None:
+            print(f"partial\t{key}\t{recognized_text(recognizer, decode)}", file=sys.stderr, flush=True)
+    return recognized_text(recognizer, decode)
+
+
+def recognized_text(recognizer, decode):
+    """The recognizer's text so far: its closed segments' texts and the open segment's, joined by spaces
+    (a segment ends at a silence, so it ends a word)."""
+    closed = sum(len(segment) for segment in recognizer.finals)
+    texts = [decode(segment) for segment in recognizer.finals] + [decode(recognizer.ids[closed:])]
+    return " ".join(text for text in texts if text)
 
 
 def chunk_pieces(waveform, piece_samples):
@@ -208,7 +243,7 @@ def stream_inputs(trained, entries, args):
             if not kept:
                 continue
             pieces = chunk_pieces(waveforms[0], piece_samples)
-        hyp = stream_one(trained, entry.key, pieces, frames, args.left_chunks)
+        hyp = stream_one(trained, entry.key, pieces, make_recognizer(trained, frames, args))
         results.append((entry, hyp))
         try:
             print(f"{entry.key}\t{hyp}", flush=True)
@@ -255,7 +290,8 @@ def main(argv):
     if args.output and results:
         atomic_write_text(args.output, output_text(results, args.output))
     skipped = len(rejects) + len(problems)
-    search = "streaming greedy CTC" if args.stream else "ctc_greedy" if args.ctc_greedy else "beam"
+    search = ("streaming " if args.stream else "") + ("greedy CTC" if args.ctc_greedy else "CTC prefix beam "
+                                                       "+ attention rescoring" if args.stream else "beam")
     logger.info("transcribed %d recording(s) with %s search; skipped %d%s", len(results), search, skipped,
                 f"; wrote {args.output}" if args.output and results else "")
     figures = score(results)

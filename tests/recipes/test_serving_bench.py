@@ -6,29 +6,32 @@ from bench import serving
 
 
 def test_serving_bench_measures_every_row_on_each_thread_count(chunk_trained, speech_corpus, capsys):
-    """One thread count, two chunk sizes: the offline greedy / beam, streaming and onnxruntime rows are all
-    there with WER inside its interval, CER and a positive real-time factor; the streaming row with a chunk
+    """One thread count, two chunk sizes: the offline greedy / beam, streaming (greedy and beam + rescoring)
+    and onnxruntime rows are all there with WER inside its interval, CER and a positive real-time factor;
+    the streaming greedy row with a chunk
     covering every recording scores as offline greedy (WER ratio 1) and gives its first word only at the
     end of the audio (first-partial latency past the word's end), onnxruntime's greedy scores as torch's
-    (same hypotheses), and 320 ms streaming has a positive final latency."""
+    (same hypotheses), and 320 ms streaming has a positive final latency and a WER ratio to offline."""
     exp, _ = chunk_trained
     assert serving.main([str(exp), str(speech_corpus / "test.jsonl"), "--threads", "1",
                          "--chunks_ms", "60000", "320", "--json"]) == 0
     printed = capsys.readouterr().out.strip().splitlines()
     result = json.loads(printed[-1])
     rows = {r["row"]: r for r in result["rows"]}
-    assert set(rows) == {"torch offline ctc_greedy", "torch offline beam", "torch streaming 60000 ms",
-                         "torch streaming 320 ms", "onnxruntime offline ctc_greedy"}
+    assert set(rows) == {"torch offline ctc_greedy", "torch offline beam", "onnxruntime offline ctc_greedy",
+                         *(f"torch streaming {search} {chunk} ms" for search in ("ctc_greedy", "beam")
+                           for chunk in (60000, 320))}
     assert all(r["rtf"] > 0 and 0 <= r["cer"] and r["threads"] == 1 for r in rows.values())
     assert all(r["wer_interval"][0] <= r["wer"] <= r["wer_interval"][1] for r in rows.values())
-    greedy, whole = rows["torch offline ctc_greedy"], rows["torch streaming 60000 ms"]
+    greedy, whole = rows["torch offline ctc_greedy"], rows["torch streaming ctc_greedy 60000 ms"]
     assert 0 < greedy["cer"] < 100  # neither all right nor all wrong: equal rows below would prove little
     assert (whole["wer"], whole["cer"], whole["wer_interval"]) == (greedy["wer"], greedy["cer"], greedy["wer_interval"])
-    assert whole["wer_vs_offline_greedy"] in ([1.0, 1.0, 1.0], None)  # None: offline greedy made no error
+    assert whole["wer_vs_offline"] in ([1.0, 1.0, 1.0], None)  # None: offline greedy made no error
     assert whole["first_partial_utterances"] > 0 and whole["first_partial_latency_ms"] > 0
     onnx = rows["onnxruntime offline ctc_greedy"]
     assert (onnx["wer"], onnx["cer"]) == (greedy["wer"], greedy["cer"])
-    streamed = rows["torch streaming 320 ms"]
-    assert streamed["final_latency_ms"] > 0 and len(streamed["wer_vs_offline_greedy"]) == 3
+    for search in ("ctc_greedy", "beam"):
+        streamed = rows[f"torch streaming {search} 320 ms"]
+        assert streamed["final_latency_ms"] > 0 and len(streamed["wer_vs_offline"]) == 3
     assert result["audio_s"] > 5
-    assert any(line.startswith("torch streaming 320 ms") for line in printed[:-1])  # the table
+    assert any(line.startswith("torch streaming beam 320 ms") for line in printed[:-1])  # the table

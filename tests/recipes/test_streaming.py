@@ -47,13 +47,36 @@ def test_streaming_a_file_in_one_chunk_equals_offline_greedy(chunk_trained, test
     exp, _ = chunk_trained
     assert transcribe.main([str(exp), *test_files, "--ctc_greedy", "--max_batch_size", "1"]) == 0
     offline, order = printed(capsys)
-    assert transcribe.main([str(exp), *test_files, "--stream", "--chunk_ms", "60000"]) == 0
+    assert transcribe.main([str(exp), *test_files, "--stream", "--ctc_greedy", "--chunk_ms", "60000"]) == 0
     streamed, streamed_order = printed(capsys)
     assert streamed == offline and streamed_order == order and any(offline.values())
-    assert transcribe.main([str(exp), *test_files, "--stream", "--chunk_ms", "160", "--left_chunks", "2"]) == 0
+    assert transcribe.main([str(exp), *test_files, "--stream", "--ctc_greedy", "--chunk_ms", "160",
+                            "--left_chunks", "2"]) == 0
     out = capsys.readouterr()
     assert [line.split("\t")[0] for line in out.out.splitlines() if "\t" in line] == order
     assert "partial\t" in out.err
+
+
+@pytest.mark.parametrize("chunk_ms,endpoint_ms", [(60000, 1e9), (160, 0)])
+def test_streaming_beam_prints_its_rescored_segments_joined(chunk_trained, test_files, capsys, chunk_ms, endpoint_ms):
+    """--stream's default search (CTC prefix beam, attention rescoring at endpoints): each recording's
+    stdout line is its ``final`` segments joined. A chunk covering the recording with no endpoint before the
+    end gives one segment per recording; an endpoint at no silence (each chunk that decodes something ends
+    a segment) at 160 ms chunks cuts at least one recording into several."""
+    exp, _ = chunk_trained
+    assert transcribe.main([str(exp), *test_files, "--stream", "--chunk_ms", str(chunk_ms), "--left_chunks", "2",
+                            "--endpoint_ms", str(endpoint_ms), "--beam", "4"]) == 0
+    out = capsys.readouterr()
+    lines = dict(line.split("\t", 1) for line in out.out.splitlines() if "\t" in line)
+    finals = {}
+    for line in out.err.splitlines():
+        if line.startswith("final\t"):
+            _, key, text = line.split("\t")
+            finals.setdefault(key, []).append(text)
+    assert len(lines) == len(test_files) and any(lines.values())
+    assert all(lines[key] == " ".join(t for t in finals.get(key, []) if t) for key in lines)
+    counts = [len(finals.get(key, [])) for key in lines]
+    assert max(counts) == 1 if chunk_ms == 60000 else max(counts) > 1
 
 
 def test_stdin_pcm_with_a_partial_final_chunk_ends_when_the_pipe_closes(chunk_trained, test_files, tmp_path):
