@@ -1,16 +1,17 @@
-"""Two torchrun "nodes" on one host (c10d rendezvous on localhost, one gloo rank each) train and decode
-the tiny finetune model exactly as one node of 2 ranks does, and resume exactly after one node is killed.
+"""Two torchrun "nodes" on one host (c10d rendezvous on localhost, two gloo ranks each) train and decode
+the tiny finetune model exactly as one node of 4 ranks does, and resume exactly after one node is killed.
 
 The commands are recipes/finetune/run.sh's multi-node commands (its --torchrun_args), with localhost
 as the rendezvous host:
 
-    # one node, 2 ranks
-    python -m torch.distributed.run --standalone --nproc_per_node=2 recipes/finetune/train.py CONFIG ...
-    # two nodes of 1 rank: the same command on each node (here both on this host)
-    python -m torch.distributed.run --nnodes=2 --nproc_per_node=1 --rdzv_backend=c10d \\
+    # one node, 4 ranks
+    python -m torch.distributed.run --standalone --nproc_per_node=4 recipes/finetune/train.py CONFIG ...
+    # two nodes of 2 ranks: the same command on each node (here both on this host)
+    python -m torch.distributed.run --nnodes=2 --nproc_per_node=2 --rdzv_backend=c10d \\
         --rdzv_endpoint=localhost:PORT --rdzv_id=ID recipes/finetune/train.py CONFIG ...
 
-Three launches of two processes each: 80 s to 3 minutes on two shared CPU cores (the imports dominate).
+Three launches of four ranks each (2 x 2 is the smallest layout where a node holds several ranks, as
+real nodes do: local and global ranks differ on the second node): about 2 minutes on two CPU cores.
 """
 
 import contextlib
@@ -29,7 +30,7 @@ import pytest
 from local import make_shards
 from tests.recipes.finetune_args import REPO, TRAIN_PY, batch_log_lines, train_argv
 
-RANKS = 2  # one rank per node: two processes is what this host's CPUs run side by side
+RANKS = 4  # two nodes of two ranks
 # One epoch of ~15 batches per rank, a checkpoint every 2 updates; decode the test split at the end.
 RUN = ["--batch_log=True", "--number_of_epochs=1", "--max_batch_seconds=6.0", "--ckpt_interval_steps=2",
        "--ckpt_interval_minutes=0", "--do_test=True"]
@@ -105,7 +106,7 @@ def four_shards(speech_corpus, tmp_path_factory):
 
 def test_two_nodes_equal_one_node_and_resume_exactly_after_one_node_is_killed(speech_shards, four_shards,
                                                                              tokenizer_file, tmp_path):
-    """One node of 2 ranks against two nodes of 1 rank whose second node is SIGKILLed mid-epoch (the
+    """One node of 4 ranks against two nodes of 2 ranks whose second node is SIGKILLed mid-epoch (the
     first then fails on its own), both restarted with the same commands. The ranks' batches of the epoch
     hold every training sample exactly once; every rank's batches (keys, update step, learning rate) of
     the two-node run equal the one-node run's, the losses of each batch equal within float tolerance,
