@@ -24,18 +24,15 @@ from typing import Optional
 
 import numpy as np
 import pyarrow.parquet as pq
-import torch
-from speechbrain.dataio.batch import PaddedBatch
 from torch.utils.data import DataLoader, Dataset
 
 from common.atomic import atomic_path
 from common.data.batching import check_budget
 from common.data.config import TextLoaderConfig
-from common.data.pipeline import Tokenizer, token_fields
+from common.data.pipeline import Tokenizer, text_batch
 from common.data.planning import SlotPlan, batches_to_skip, plan_epoch
 from common.data.stream import BatchStream, SlotDataset
 from common.shard_format import text_shard_paths
-from common.tokens import BLANK
 
 logger = logging.getLogger(__name__)
 
@@ -189,13 +186,10 @@ class TextShardDataset(SlotDataset):
     def collate(self, sentences, rng):
         """PaddedBatch of (key, text, source ids, target ids); with a ``noiser``, each source noised with
         ``rng`` (drawn from seed, epoch and batch position: a resumed epoch noises as the first run did)."""
-        def source(ids):
-            tokens = np.asarray(ids, dtype=np.int64)
-            return tokens if self.noiser is None else self.noiser(tokens, rng)
-
-        samples = [{"id": key, "text": text, "src_tokens": torch.as_tensor(source(src), dtype=torch.long),
-                    **token_fields(tgt)} for key, text, src, tgt in sentences]
-        return PaddedBatch(samples, padding_kwargs={"value": BLANK})
+        keys, texts, sources, targets = zip(*sentences)
+        if self.noiser is not None:
+            sources = [self.noiser(np.asarray(src, dtype=np.int64), rng) for src in sources]
+        return text_batch(keys, texts, sources, targets)
 
 
 class TextLoader(BatchStream):

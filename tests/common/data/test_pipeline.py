@@ -3,9 +3,12 @@
 import numpy as np
 import pytest
 import torch
+from speechbrain.dataio.batch import PaddedBatch
 from speechbrain.lobes.features import Fbank
+from speechbrain.utils.data_utils import batch_pad_right
 
-from common.data.pipeline import collate, keep_mask, speech_sample, token_fields
+from common.data.pipeline import collate, keep_mask, pad_right, speech_sample, text_batch, token_fields
+from common.tokens import BLANK
 
 
 def test_filters_drop_by_duration_token_count_and_rate():
@@ -67,3 +70,33 @@ def test_crop_cuts_waveform_and_units_over_the_same_stretch_of_time():
     rng = np.random.default_rng(0)
     assert all(0 <= crop_start(48000, 16000, rng) <= 32000 for _ in range(100))
     assert crop_start(48000, 16000) == 0 and crop_start(1000, 16000, rng) == 0
+
+
+@pytest.mark.parametrize("lengths", [[3, 0, 7, 1], [5], [2, 2]])
+def test_text_batches_equal_speechbrains_padding_of_per_sentence_tensors(lengths):
+    """text_batch pads all token fields at once; every field (data, relative lengths, dtype) equals
+    SpeechBrain's PaddedBatch of the per-sentence tensors token_fields makes (the loader's batches before),
+    for mono text (source = target) and noised sources of other lengths, including empty sentences."""
+    rng = np.random.default_rng(0)
+    targets = [rng.integers(5, 60, size=n).tolist() for n in lengths]
+    for sources in (targets, [rng.integers(5, 60, size=n + 2) for n in lengths]):
+        keys, texts = [f"k{i}" for i in range(len(lengths))], [f"text {i}" for i in range(len(lengths))]
+        ours = text_batch(keys, texts, sources, targets)
+        theirs = PaddedBatch([{"id": k, "text": t, "src_tokens": torch.as_tensor(s, dtype=torch.long),
+                               **token_fields(y)} for k, t, s, y in zip(keys, texts, sources, targets)],
+                             padding_kwargs={"value": BLANK})
+        assert ours.id == theirs.id and ours.text == theirs.text
+        for field in ("src_tokens", "tokens", "tokens_bos", "tokens_eos"):
+            mine, reference = getattr(ours, field), getattr(theirs, field)
+            assert torch.equal(mine.data, reference.data) and torch.equal(mine.lengths, reference.lengths), field
+        moved = ours.to("cpu")
+        assert moved.tokens_eos.data.dtype == torch.long
+
+
+@pytest.mark.parametrize("shapes", [[(3,), (7,), (1,)], [(4,)], [(3, 2), (5, 2)]])
+def test_pad_right_equals_speechbrains_batch_pad_right(shapes):
+    """pad_right's one-call padding gives batch_pad_right's padded tensor and relative lengths for 1-D
+    tensors; other shapes (and single tensors) are SpeechBrain's own path."""
+    tensors = [torch.randn(*shape) for shape in shapes]
+    (ours, our_lengths), (theirs, their_lengths) = pad_right(tensors, value=0), batch_pad_right(tensors, value=0)
+    assert torch.equal(ours, theirs) and torch.equal(our_lengths, their_lengths)
