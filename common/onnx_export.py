@@ -1,13 +1,16 @@
 """ONNX export of a finetuned ``SpeechEncoderDecoder`` for onnxruntime (recipes/finetune/onnx_transcribe.py).
 
-The exported graph starts after the Fbank's STFT: it takes the power spectrum [1, frames, n_fft / 2 + 1]
+The exported encoder starts after the Fbank's STFT: it takes the power spectrum [1, frames, n_fft / 2 + 1]
 and holds the mel filterbank, the log, the feature normalization, the conv front-end, the conformer and
-the CTC head. The STFT itself stays outside (onnx_transcribe.py computes it with numpy's FFT, with the
-window written in ``onnx_config.json``): ONNX's STFT operator is not one the legacy exporter writes.
+the CTC head; the decoder graph scores token sequences against its states (attention rescoring of a CTC
+n-best, onnx_transcribe.py --beam). The STFT itself stays outside (onnx_transcribe.py computes it with
+numpy's FFT, with the window written in ``onnx_config.json``): ONNX's STFT operator is not one the legacy
+exporter writes.
 ``onnx_config.json`` also carries the token pieces (text without SentencePiece) and the longest piece
 the model decodes (``max_duration``)::
 
-    export_onnx(model, tokenizer.processor, "exported/demo_asr", max_duration=10.0)
+    export_onnx(model, tokenizer.processor, "exported/demo_asr", max_duration=10.0,
+                decoding={"beam_size": 8, "ctc_weight": 0.4, "length_normalization": True, "prefix_ids": []})
 """
 
 import json
@@ -18,9 +21,9 @@ import torch
 from speechbrain.processing.features import spectral_magnitude
 
 from common.atomic import atomic_path, atomic_write_text
-from common.tokens import BLANK
+from common.tokens import BLANK, BOS, EOS
 
-ENCODER_FILE, CONFIG_FILE = "encoder.onnx", "onnx_config.json"  # onnx_transcribe.py reads these names
+ENCODER_FILE, DECODER_FILE, CONFIG_FILE = "encoder.onnx", "decoder.onnx", "onnx_config.json"  # onnx_transcribe.py's
 OPSET = 17
 
 
@@ -37,6 +40,20 @@ class SpectrumEncoder(torch.nn.Module):
         feats = self.model.normalize(feats, torch.ones(feats.shape[0], device=feats.device))
         enc_states = self.model.transformer.encode(self.model.frontend(feats), None, pad_idx=BLANK)
         return self.model.ctc_log_probs(enc_states), enc_states
+
+
+class TokenDecoder(torch.nn.Module):
+    """(tokens [n, steps] starting with <s>, encoder states [n, frames, d_model]) → the attention decoder's
+    log-probabilities of the next token at each step [n, steps, vocab]: what rescoring a CTC n-best needs
+    (rows padded after their end are never read there)."""
+
+    def __init__(self, model):
+        super().__init__()
+        self.model = model
+
+    def forward(self, tokens, enc_states):
+        dec_states, _ = self.model.transformer.decode(tokens, enc_states)
+        return torch.log_softmax(self.model.seq_lin(dec_states), dim=-1)
 
 
 def stft_power(model, wavs):
@@ -62,11 +79,11 @@ def feature_settings(model, sample_rate):
 
 def token_table(processor):
     """What onnx_transcribe.py needs to turn ids into text without SentencePiece: every piece, the
-    control ids (decoded to nothing), the unknown id and the CTC blank."""
+    control ids (decoded to nothing), the unknown id, the CTC blank and the decoder's <s> and </s>."""
     size = processor.get_piece_size()
     return {"pieces": [processor.id_to_piece(i) for i in range(size)],
             "control_ids": [i for i in range(size) if processor.is_control(i)],
-            "unk_id": processor.unk_id(), "blank_id": BLANK}
+            "unk_id": processor.unk_id(), "blank_id": BLANK, "bos_id": BOS, "eos_id": EOS}
 
 
 def export_encoder(model, path, sample_rate):
@@ -80,14 +97,30 @@ def export_encoder(model, path, sample_rate):
                                         "enc_states": {1: "enc_frames"}})
 
 
+def export_decoder(model, path):
+    """Write ``TokenDecoder(model)`` as ONNX to ``path`` (hypotheses, steps and frames dynamic axes)."""
+    d_model = model.seq_lin.w.in_features
+    example = (torch.tensor([[1, 5, 6], [1, 7, 2]]), torch.zeros(2, 9, d_model))
+    with atomic_path(path) as tmp, warnings.catch_warnings():
+        warnings.simplefilter("ignore")
+        torch.onnx.export(TokenDecoder(model).eval(), example, tmp, dynamo=False, opset_version=OPSET,
+                          input_names=["tokens", "enc_states"], output_names=["log_probs"],
+                          dynamic_axes={"tokens": {0: "hypotheses", 1: "steps"},
+                                        "enc_states": {0: "hypotheses", 1: "enc_frames"},
+                                        "log_probs": {0: "hypotheses", 1: "steps"}})
+
+
 @torch.no_grad()
-def export_onnx(model, processor, out_dir, max_duration, sample_rate=16000):
-    """Write ``encoder.onnx`` and ``onnx_config.json`` of ``model`` (eval mode, feature statistics
-    loaded) and its tokenizer's ``processor`` into ``out_dir``; returns the files written."""
+def export_onnx(model, processor, out_dir, max_duration, decoding, sample_rate=16000):
+    """Write ``encoder.onnx``, ``decoder.onnx`` and ``onnx_config.json`` of ``model`` (eval mode, feature
+    statistics loaded) and its tokenizer's ``processor`` into ``out_dir``; returns the files written.
+    ``decoding``: the rescoring settings onnx_transcribe.py --beam uses (``beam_size``, ``ctc_weight``,
+    ``length_normalization``, ``prefix_ids``)."""
     model.eval()
     config = {"features": feature_settings(model, sample_rate), "tokens": token_table(processor),
-              "max_duration": float(max_duration)}
-    encoder_path, config_path = os.path.join(out_dir, ENCODER_FILE), os.path.join(out_dir, CONFIG_FILE)
-    export_encoder(model, encoder_path, sample_rate)
-    atomic_write_text(config_path, json.dumps(config, ensure_ascii=False, indent=1) + "\n")
-    return [encoder_path, config_path]
+              "max_duration": float(max_duration), "decoding": decoding}
+    paths = [os.path.join(out_dir, name) for name in (ENCODER_FILE, DECODER_FILE, CONFIG_FILE)]
+    export_encoder(model, paths[0], sample_rate)
+    export_decoder(model, paths[1])
+    atomic_write_text(paths[2], json.dumps(config, ensure_ascii=False, indent=1) + "\n")
+    return paths

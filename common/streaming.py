@@ -213,27 +213,19 @@ class StreamingBeamRecognizer(StreamingRecognizer):
         self.start_segment()
 
     def start_segment(self):
-        self.beams = [CTCBeam(text="", full_text="", next_word="", partial_word="", last_token=None,
-                              last_token_index=None, text_frames=[], partial_frames=(-1, -1), score=0.0,
-                              score_ctc=0.0, p_b=0.0)]
+        self.beams = [start_beam()]
         self.segment_states, self.segment_frames = [], 0
         self.endpointer.reset()
-
-    @staticmethod
-    def text_ids(text):
-        """The token ids a prefix's text stands for."""
-        return [ord(character) - TOKEN_CHARACTERS for character in text]
 
     def decode_chunk(self, frames):
         """One chunk through the encoder and the CTC prefix search; an endpoint closes the segment."""
         enc_states = self.model.transformer.encode_streaming(frames, self.context)
-        log_probs = self.model.ctc_log_probs(enc_states)[0]
-        log_probs[:, [BOS, EOS]] = -math.inf  # never CTC targets: keep them out of the text beams
+        log_probs = ctc_search_log_probs(self.model, enc_states)
         self.beams = self.searcher.partial_decoding(log_probs.numpy(), len(log_probs), self.beams, {}, {},
                                                     processed_frames=self.segment_frames)
         self.segment_states.append(enc_states)
         self.segment_frames += len(log_probs)
-        best = self.text_ids(self.beams[0].text)
+        best = text_ids(self.beams[0].text)
         self.ids = [token for segment in self.finals for token in segment] + best
         if self.endpointer.step(log_probs[:, BLANK], bool(best)):
             self.end_segment()
@@ -244,13 +236,7 @@ class StreamingBeamRecognizer(StreamingRecognizer):
 
     def end_segment(self):
         """Rescore the segment's n-best, keep the best, start a new segment."""
-        beams = self.searcher.finalize_decoding(self.beams, {}, {}, force_next_word=True, is_end=True)
-        nbest, ctc_scores = [], []
-        for beam in beams:
-            ids = self.text_ids(beam.text)
-            if ids and ids not in nbest:
-                nbest.append(ids)
-                ctc_scores.append(beam.score)
+        nbest, ctc_scores = finished_nbest(self.searcher, self.beams)
         if nbest:
             scores = self.rescore(nbest, torch.tensor(ctc_scores))
             self.finals.append(nbest[int(scores.argmax())])
@@ -259,23 +245,64 @@ class StreamingBeamRecognizer(StreamingRecognizer):
 
     def rescore(self, nbest, ctc_scores):
         """Joint scores [n] of the hypotheses ``nbest`` (id lists) over the open segment's encoder states."""
-        n, prefix = len(nbest), [BOS] + self.prefix_ids
-        lengths = torch.tensor([len(ids) + 1 for ids in nbest])  # the scored tokens: the hypothesis and </s>
-        inputs = torch.full((n, len(prefix) + int(lengths.max()) - 1), EOS, dtype=torch.long)
-        targets = torch.full((n, int(lengths.max())), EOS, dtype=torch.long)
-        for row, ids in enumerate(nbest):
-            inputs[row, :len(prefix) + len(ids)] = torch.tensor(prefix + ids)
-            targets[row, :len(ids) + 1] = torch.tensor(ids + [EOS])
-        scored = torch.arange(targets.shape[1])[None] < lengths[:, None]
-        enc_states = torch.cat(self.segment_states, dim=1).expand(n, -1, -1)
-        dec_states, _ = self.model.transformer.decode(inputs, enc_states, torch.full((n,), enc_states.shape[1]))
-        att = torch.log_softmax(self.model.seq_lin(dec_states), dim=-1)[:, len(prefix) - 1:]
-        scores = self.ctc_weight * ctc_scores + (1.0 - self.ctc_weight) * token_log_probs(att, targets, scored)
-        if self.lm is not None and self.lm_weight > 0.0:
-            logits = self.lm(torch.cat([torch.full((n, 1), BOS), inputs[:, len(prefix):]], dim=1))
-            logits = logits[0] if isinstance(logits, tuple) else logits
-            scores = scores + self.lm_weight * token_log_probs(torch.log_softmax(logits, dim=-1), targets, scored)
-        return scores / lengths if self.length_normalization else scores
+        return rescore(self.model, torch.cat(self.segment_states, dim=1), nbest, ctc_scores, self.ctc_weight,
+                       self.length_normalization, self.lm, self.lm_weight, self.prefix_ids)
+
+
+def ctc_search_log_probs(model, enc_states):
+    """CTC log-probabilities [frames, vocab] of one recording's encoder states [1, frames, d_model] as the
+    prefix search reads them: <s> and </s>, never CTC targets, kept out of the beams."""
+    log_probs = model.ctc_log_probs(enc_states)[0]
+    log_probs[:, [BOS, EOS]] = -math.inf
+    return log_probs
+
+
+def start_beam():
+    """The CTC prefix search's first beam: the empty prefix, probability 1, ending in blank."""
+    return CTCBeam(text="", full_text="", next_word="", partial_word="", last_token=None, last_token_index=None,
+                   text_frames=[], partial_frames=(-1, -1), score=0.0, score_ctc=0.0, p_b=0.0)
+
+
+def text_ids(text):
+    """The token ids a prefix's text stands for (see ``prefix_searcher``)."""
+    return [ord(character) - TOKEN_CHARACTERS for character in text]
+
+
+def finished_nbest(searcher, beams):
+    """``(nbest, ctc_scores)``: the searcher's final hypotheses (id lists, not empty), best first, and their
+    CTC log-probabilities."""
+    nbest, ctc_scores = [], []
+    for beam in searcher.finalize_decoding(beams, {}, {}, force_next_word=True, is_end=True):
+        ids = text_ids(beam.text)
+        if ids and ids not in nbest:
+            nbest.append(ids)
+            ctc_scores.append(beam.score)
+    return nbest, ctc_scores
+
+
+def rescore(model, enc_states, nbest, ctc_scores, ctc_weight, length_normalization, lm=None, lm_weight=0.0,
+            prefix_ids=()):
+    """Joint scores [n] of the hypotheses ``nbest`` (id lists) of one recording (encoder states [1, frames,
+    d_model]; ``ctc_scores`` [n] their CTC log-probabilities): ``ctc_weight * CTC + (1 - ctc_weight) *
+    attention (+ lm_weight * LM)`` log-probabilities of each hypothesis and </s>, the decoder given <s> and
+    ``prefix_ids`` first; divided by the tokens scored with ``length_normalization``."""
+    n, prefix = len(nbest), [BOS] + list(prefix_ids)
+    lengths = torch.tensor([len(ids) + 1 for ids in nbest])  # the scored tokens: the hypothesis and </s>
+    inputs = torch.full((n, len(prefix) + int(lengths.max()) - 1), EOS, dtype=torch.long)
+    targets = torch.full((n, int(lengths.max())), EOS, dtype=torch.long)
+    for row, ids in enumerate(nbest):
+        inputs[row, :len(prefix) + len(ids)] = torch.tensor(prefix + ids)
+        targets[row, :len(ids) + 1] = torch.tensor(ids + [EOS])
+    scored = torch.arange(targets.shape[1])[None] < lengths[:, None]
+    enc_states = enc_states.expand(n, -1, -1)
+    dec_states, _ = model.transformer.decode(inputs, enc_states, torch.full((n,), enc_states.shape[1]))
+    att = torch.log_softmax(model.seq_lin(dec_states), dim=-1)[:, len(prefix) - 1:]
+    scores = ctc_weight * ctc_scores + (1.0 - ctc_weight) * token_log_probs(att, targets, scored)
+    if lm is not None and lm_weight > 0.0:
+        logits = lm(torch.cat([torch.full((n, 1), BOS), inputs[:, len(prefix):]], dim=1))
+        logits = logits[0] if isinstance(logits, tuple) else logits
+        scores = scores + lm_weight * token_log_probs(torch.log_softmax(logits, dim=-1), targets, scored)
+    return scores / lengths if length_normalization else scores
 
 
 @functools.lru_cache(maxsize=8)

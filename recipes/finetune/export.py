@@ -26,7 +26,7 @@ its hypotheses equal ``transcribe.py``'s at every sample rate::
     asr = foreign_class(source="exported/demo_asr", pymodule_file="custom.py", classname="TandemASR",
                         savedir="pretrained/demo_asr")
 
-``--onnx`` also writes ``encoder.onnx`` and ``onnx_config.json`` (common/onnx_export.py) for
+``--onnx`` also writes ``encoder.onnx``, ``decoder.onnx`` and ``onnx_config.json`` (common/onnx_export.py) for
 ``recipes/finetune/onnx_transcribe.py``, which needs numpy, soundfile and onnxruntime only.
 """
 
@@ -243,7 +243,8 @@ def export(exp_dir, out_dir, tokenizer_file=None, onnx=False, **overrides):
     atomic_write_text(os.path.join(out_dir, CUSTOM_MODULE), custom_module())
     if onnx:
         trained = load_trained(exp_dir, "cpu", tokenizer_file)
-        export_onnx(trained.model, trained.tokenizer.processor, out_dir, settings["max_duration"])
+        decoding = {key: settings[key] for key in ("beam_size", "ctc_weight", "length_normalization", "prefix_ids")}
+        export_onnx(trained.model, trained.tokenizer.processor, out_dir, settings["max_duration"], decoding)
     atomic_write_text(os.path.join(out_dir, "README.md"), readme(exp_dir, out_dir, settings, onnx))
     return out_dir
 
@@ -268,9 +269,11 @@ def write_language_model(settings, tokenizer_file, num_tokens, out_dir):
 
 
 ONNX_README = """
-`encoder.onnx` runs without torch, SpeechBrain or Tandem (greedy CTC, `pip install numpy soundfile onnxruntime`):
+`encoder.onnx` and `decoder.onnx` run without torch, SpeechBrain or Tandem (`pip install numpy soundfile
+onnxruntime`): greedy CTC, or with `--beam N` a CTC prefix beam search whose n-best the attention decoder
+rescores (no LM):
 
-    python recipes/finetune/onnx_transcribe.py {out_dir} recording.wav
+    python recipes/finetune/onnx_transcribe.py {out_dir} recording.wav [--beam 8]
 """
 
 

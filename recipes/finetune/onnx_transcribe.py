@@ -2,7 +2,7 @@
 """Transcribe recordings with an ONNX export (``export.py EXP OUT --onnx``), without the training stack.
 
     python recipes/finetune/onnx_transcribe.py exported/demo_asr a.wav b.flac recordings/
-    python recipes/finetune/onnx_transcribe.py exported/demo_asr recordings/ --threads 2
+    python recipes/finetune/onnx_transcribe.py exported/demo_asr recordings/ --threads 2 --beam 8
 
 Needs numpy, soundfile and onnxruntime only (no torch, SpeechBrain, SentencePiece or Tandem): this file
 can be copied next to the exported folder and run in a fresh environment with
@@ -10,8 +10,10 @@ can be copied next to the exported folder and run in a fresh environment with
 recursively). Each recording is read as ``transcribe.py`` reads it (channels averaged, resampled to the
 model's rate with SciPy's ``resample_poly`` filter, then coded and decoded with Opus as the training
 shards were; ``--raw_audio``: not), cut at its quietest moments when longer than the model was trained
-on, and decoded with greedy CTC. Prints ``key<TAB>hypothesis`` per recording in input order, as
-``transcribe.py --ctc_greedy --max_batch_size 1`` does for the same model.
+on, and decoded with greedy CTC (as ``transcribe.py --ctc_greedy --max_batch_size 1`` does for the same
+model) or, with ``--beam N``, SpeechBrain's CTC prefix beam search (ported to numpy) whose n-best the
+exported attention decoder rescores with the experiment's CTC weight (as ``transcribe.py --stream``
+rescores a segment; the LM is not exported). Prints ``key<TAB>hypothesis`` per recording in input order.
 
 The parts that ``transcribe.py`` takes from SciPy, SentencePiece and Tandem (the resampling filter,
 the Fbank's STFT, cutting at silences, piece-to-text) are written here in numpy;
@@ -19,6 +21,7 @@ tests/recipes/test_onnx_export.py checks each against the original.
 """
 
 import argparse
+import heapq
 import io
 import json
 import logging
@@ -32,7 +35,7 @@ import soundfile as sf
 
 logger = logging.getLogger("onnx_transcribe")
 
-CONFIG_FILE, ENCODER_FILE = "onnx_config.json", "encoder.onnx"  # what export.py --onnx writes
+CONFIG_FILE, ENCODER_FILE, DECODER_FILE = "onnx_config.json", "encoder.onnx", "decoder.onnx"  # export.py --onnx
 AUDIO_EXTENSIONS = (".wav", ".flac", ".ogg", ".opus", ".mp3", ".sph", ".aiff", ".aif")
 KAISER_BETA = 5.0  # scipy.signal.resample_poly's default window, ('kaiser', 5.0)
 
@@ -43,6 +46,8 @@ def parse_args(argv):
     parser.add_argument("model_dir", help="a folder written by recipes/finetune/export.py --onnx")
     parser.add_argument("inputs", nargs="+", help="audio files or folders of them")
     parser.add_argument("--threads", type=int, default=1, help="onnxruntime intra-op threads")
+    parser.add_argument("--beam", type=int, default=0, help="CTC prefix beam of this size, its n-best rescored by "
+                        "the attention decoder (as transcribe.py --stream; no LM); 0: greedy CTC")
     parser.add_argument("--raw_audio", action="store_true",
                         help="decode the audio as it is, without the training shards' Opus pass")
     return parser.parse_args(argv)
@@ -143,6 +148,60 @@ def ctc_greedy(log_probs, blank):
     return [int(token) for token in best[keep] if token != blank]
 
 
+class Prefix:
+    """One CTC prefix: its log-probabilities ending in blank / not in blank, before and after a frame."""
+
+    def __init__(self, ids):
+        self.ids, self.p_b, self.p_nb, self.next_b, self.next_nb = ids, -np.inf, -np.inf, -np.inf, -np.inf
+        self.score = -np.inf  # log(p_b + p_nb) of the frames so far
+
+    def step(self):
+        self.p_b, self.p_nb, self.next_b, self.next_nb = self.next_b, self.next_nb, -np.inf, -np.inf
+        self.score = float(np.logaddexp(self.p_b, self.p_nb))
+
+
+def ctc_prefix_beam(log_probs, blank, beam_size, token_prune=-5.0, beam_prune=-10.0):
+    """``[(ids, CTC log-probability)]``, best first: SpeechBrain's ``CTCPrefixBeamSearcher`` (no LM, no
+    history pruning) over ``log_probs`` [frames, vocab]. Each frame extends the prefixes with the tokens
+    above ``token_prune`` (and the best one), keeps those within ``beam_prune`` of the best, then the
+    ``beam_size`` best (ties: the older first)."""
+    start = Prefix(())
+    start.p_b, start.score = 0.0, 0.0
+    prefixes = [start]
+    for column in log_probs:
+        tokens = sorted(set(np.flatnonzero(column > token_prune).tolist()) | {int(column.argmax())})
+        by_ids, current = {prefix.ids: prefix for prefix in prefixes}, list(prefixes)
+        for token in tokens:
+            p = float(column[token])
+            for prefix in current:
+                if token == blank:
+                    prefix.next_b = float(np.logaddexp(prefix.next_b, prefix.score + p))
+                    continue
+                last = prefix.ids[-1] if prefix.ids else None
+                if token == last:
+                    prefix.next_nb = float(np.logaddexp(prefix.next_nb, prefix.p_nb + p))
+                ids = prefix.ids + (token,)
+                if ids not in by_ids:
+                    by_ids[ids] = Prefix(ids)
+                    prefixes.append(by_ids[ids])
+                extended = by_ids[ids]
+                if token == last and prefix.p_b > -np.inf:
+                    extended.next_nb = float(np.logaddexp(extended.next_nb, prefix.p_b + p))
+                elif token != last:
+                    extended.next_nb = float(np.logaddexp(extended.next_nb, prefix.score + p))
+        for prefix in prefixes:
+            prefix.step()
+        prefixes = best_prefixes(prefixes, beam_size, beam_prune)
+    return [(list(prefix.ids), prefix.score) for prefix in best_prefixes(prefixes, beam_size, beam_prune)]
+
+
+def best_prefixes(prefixes, beam_size, beam_prune):
+    """The ``beam_size`` highest-scoring prefixes within ``beam_prune`` of the best, best first."""
+    best = max(prefix.score for prefix in prefixes)
+    kept = [prefix for prefix in prefixes if prefix.score >= best + beam_prune]
+    return heapq.nlargest(beam_size, kept, key=lambda prefix: prefix.score)
+
+
 def detokenize(ids, tokens):
     """Token ids → text as SentencePiece decodes them: control pieces dropped, the unknown piece written
     " ⁇ ", the first piece's leading "▁" removed and every other "▁" read as a space."""
@@ -167,21 +226,63 @@ class OnnxTranscriber:
         options.intra_op_num_threads, options.inter_op_num_threads = threads, 1
         self.encoder = onnxruntime.InferenceSession(os.path.join(model_dir, ENCODER_FILE), options,
                                                     providers=["CPUExecutionProvider"])
+        decoder_path = os.path.join(model_dir, DECODER_FILE)
+        self.decoder = None  # exports before the decoder was exported decode greedily only
+        if os.path.isfile(decoder_path) and "decoding" in self.config:
+            self.decoder = onnxruntime.InferenceSession(decoder_path, options, providers=["CPUExecutionProvider"])
 
     @property
     def sample_rate(self):
         return self.config["features"]["sample_rate"]
 
+    def encode(self, samples):
+        """(CTC log-probabilities [frames, vocab], encoder states [1, frames, d_model]) of one piece."""
+        spectrum = power_spectrum(samples, self.config["features"])[None]
+        log_probs, enc_states = self.encoder.run(["ctc_log_probs", "enc_states"], {"power_spectrum": spectrum})
+        return log_probs[0], enc_states
+
     def ctc_log_probs(self, samples):
         """CTC log-probabilities [frames, vocab] of one recording piece."""
-        spectrum = power_spectrum(samples, self.config["features"])[None]
-        return self.encoder.run(["ctc_log_probs"], {"power_spectrum": spectrum})[0][0]
+        return self.encode(samples)[0]
 
-    def transcribe(self, samples):
-        """The text of one recording, pieces longer than the model's ``max_duration`` decoded apart."""
+    def beam_search(self, log_probs, enc_states, beam_size):
+        """The best of the CTC prefix beam's n-best ([frames, vocab]) rescored with the attention decoder
+        as transcribe.py --stream rescores a segment: ``ctc_weight * CTC + (1 - ctc_weight) * attention``
+        log-probabilities of the hypothesis and </s>, divided by their count with ``length_normalization``."""
+        settings, bos, eos = self.config["decoding"], self.config["tokens"]["bos_id"], self.config["tokens"]["eos_id"]
+        log_probs = log_probs.copy()
+        log_probs[:, [bos, eos]] = -np.inf  # never CTC targets
+        nbest = [(ids, score) for ids, score in ctc_prefix_beam(log_probs, self.config["tokens"]["blank_id"],
+                                                               beam_size) if ids]
+        if not nbest:
+            return []
+        prefix = [bos] + settings["prefix_ids"]
+        width = max(len(ids) for ids, _ in nbest) + 1
+        inputs = np.full((len(nbest), len(prefix) + width - 1), eos, dtype=np.int64)
+        for row, (ids, _) in enumerate(nbest):
+            inputs[row, :len(prefix) + len(ids)] = prefix + ids
+        att = self.decoder.run(["log_probs"], {"tokens": inputs, "enc_states": np.repeat(enc_states, len(nbest), 0)})[0]
+        scores = []
+        for row, (ids, ctc_score) in enumerate(nbest):
+            steps = att[row, len(prefix) - 1:len(prefix) + len(ids)]
+            attention = float(steps[np.arange(len(ids) + 1), ids + [eos]].sum())
+            score = settings["ctc_weight"] * ctc_score + (1.0 - settings["ctc_weight"]) * attention
+            scores.append(score / (len(ids) + 1) if settings["length_normalization"] else score)
+        return nbest[int(np.argmax(scores))][0]
+
+    def transcribe(self, samples, beam_size=None):
+        """The text of one recording (greedy CTC; with ``beam_size``, the rescored CTC prefix beam), pieces
+        longer than the model's ``max_duration`` decoded apart."""
+        if beam_size and self.decoder is None:
+            raise ValueError(f"--beam needs {DECODER_FILE} and the decoding settings, which this export lacks: "
+                             "export the model again with recipes/finetune/export.py EXP OUT --onnx")
         texts = []
         for start, end in split_at_silences(samples, self.config["max_duration"], self.sample_rate):
-            ids = ctc_greedy(self.ctc_log_probs(samples[start:end]), self.config["tokens"]["blank_id"])
+            log_probs, enc_states = self.encode(samples[start:end])
+            if beam_size:
+                ids = self.beam_search(log_probs, enc_states, beam_size)
+            else:
+                ids = ctc_greedy(log_probs, self.config["tokens"]["blank_id"])
             texts.append(detokenize(ids, self.config["tokens"]))
         return " ".join(text for text in texts if text)
 
@@ -210,9 +311,10 @@ def main(argv):
             logger.warning("skipped %s (%s): %s", key, path, error)
             skipped += 1
             continue
-        print(f"{key}\t{transcriber.transcribe(samples)}", flush=True)
+        print(f"{key}\t{transcriber.transcribe(samples, args.beam)}", flush=True)
         done += 1
-    logger.info("transcribed %d recording(s) with greedy CTC on onnxruntime; skipped %d", done, skipped)
+    search = f"CTC prefix beam {args.beam} + attention rescoring" if args.beam else "greedy CTC"
+    logger.info("transcribed %d recording(s) with %s on onnxruntime; skipped %d", done, search, skipped)
     return 0 if done else 1
 
 

@@ -13,9 +13,10 @@ import scipy.signal
 import soundfile as sf
 import torch
 
+from common import streaming
 from common.audio_io import to_mono_rate
 from common.inference import load_trained, split_at_silences
-from common.onnx_export import feature_settings, stft_power
+from common.onnx_export import TokenDecoder, feature_settings, stft_power
 from recipes.finetune import export, onnx_transcribe, transcribe
 from tests.recipes.test_transcribe import manifest_with_absolute_paths, printed
 
@@ -125,6 +126,54 @@ def test_onnx_log_probs_and_hypotheses_equal_torchs(talkative, exported, rate_fi
     assert sum(bool(text.strip()) for text in onnx_lines.values()) >= len(files) // 2
 
 
+@pytest.mark.parametrize("seed", range(12))
+def test_the_numpy_prefix_beam_is_speechbrains(seed):
+    """onnx_transcribe.ctc_prefix_beam gives SpeechBrain's CTCPrefixBeamSearcher's n-best (as
+    common/streaming.py runs it, over two chunks), in the same order with the same CTC scores, on random
+    log-probabilities from peaked to flat."""
+    rng = np.random.default_rng(seed)
+    logits = rng.normal(size=(30, 9)) * (1 + seed % 4)
+    logits[:, 0] += 1.5  # the blank, as in a trained model
+    log_probs = torch.log_softmax(torch.tensor(logits), dim=-1).numpy()
+    searcher = streaming.prefix_searcher(9, 6)
+    beams = searcher.partial_decoding(log_probs[:12], 12, [streaming.start_beam()], {}, {}, 0)
+    beams = searcher.partial_decoding(log_probs[12:], 18, beams, {}, {}, 12)
+    expected = streaming.finished_nbest(searcher, beams)
+    ours = [(ids, score) for ids, score in onnx_transcribe.ctc_prefix_beam(log_probs, 0, 6) if ids]
+    assert [ids for ids, _ in ours] == expected[0] and len(ours) > 1
+    assert np.allclose([score for _, score in ours], expected[1])
+
+
+@torch.no_grad()
+def test_onnx_beam_equals_torchs_rescored_prefix_beam(talkative, exported, rate_files, capsys):
+    """The ONNX decoder's log-probabilities are the torch decoder's (within 1e-4), and onnx_transcribe.py
+    --beam prints what the torch model gives with the same search (SpeechBrain's CTC prefix beam, its n-best
+    rescored by common.streaming.rescore with the config's weights), not all empty."""
+    trained, runtime = load_trained(talkative), onnx_transcribe.OnnxTranscriber(str(exported))
+    settings, expected = trained.settings, {}
+    for path in rate_files:
+        samples = onnx_transcribe.read_recording(str(path), 16000)
+        enc_states = trained.model.encode(torch.from_numpy(samples)[None], torch.ones(1))
+        tokens = torch.tensor([[1, 5, 6, 7], [1, 8, 2, 2]])
+        theirs = TokenDecoder(trained.model)(tokens, enc_states.expand(2, -1, -1)).numpy()
+        ours = runtime.decoder.run(["log_probs"], {"tokens": tokens.numpy(),
+                                                   "enc_states": np.repeat(runtime.encode(samples)[1], 2, 0)})[0]
+        assert np.abs(ours - theirs).max() < 1e-4, path
+        log_probs = streaming.ctc_search_log_probs(trained.model, enc_states)
+        searcher = streaming.prefix_searcher(log_probs.shape[1], 4)
+        nbest, ctc = streaming.finished_nbest(searcher, searcher.partial_decoding(
+            log_probs.numpy(), len(log_probs), [streaming.start_beam()], {}, {}, 0))
+        best = []
+        if nbest:
+            scores = streaming.rescore(trained.model, enc_states, nbest, torch.tensor(ctc), settings["ctc_weight"],
+                                       settings["length_normalization"], prefix_ids=trained.prefix_ids)
+            best = nbest[int(scores.argmax())]
+        expected[path.stem] = trained.tokenizer.processor.decode(best)
+    assert onnx_transcribe.main([str(exported), *map(str, rate_files), "--beam", "4"]) == 0
+    lines, _ = printed(capsys)
+    assert lines == expected and sum(bool(text.strip()) for text in lines.values()) >= len(rate_files) // 2
+
+
 def test_the_speechbrain_export_reads_audio_as_transcribe_py(talkative, exported, rate_files, tmp_path, capsys):
     """custom.py's TandemASR (the exported folder through SpeechBrain's foreign_class) gives transcribe.py's
     beam-search hypotheses (Opus pass on, as in training) at every rate, mono and stereo."""
@@ -161,14 +210,15 @@ def isolated_python(blocked):
 
 
 def test_the_onnx_folder_runs_without_the_training_stack_or_the_project(exported, rate_files, tmp_path, capsys):
-    """onnx_transcribe.py, copied out of the repository and run in a subprocess that cannot import torch,
-    SpeechBrain, SciPy, SentencePiece or the project, prints the same lines as in-process."""
+    """onnx_transcribe.py --beam (encoder and decoder), copied out of the repository and run in a subprocess
+    that cannot import torch, SpeechBrain, SciPy, SentencePiece or the project, prints the same lines as
+    in-process."""
     script = shutil.copy(ONNX_TRANSCRIBE, tmp_path / "onnx_transcribe.py")
     files = [str(p) for p in rate_files[:4]]
-    result = subprocess.run([*isolated_python(FORBIDDEN), str(script), str(exported), *files],
+    result = subprocess.run([*isolated_python(FORBIDDEN), str(script), str(exported), *files, "--beam", "4"],
                             capture_output=True, text=True, cwd=tmp_path, env={"PATH": os.environ["PATH"]})
     assert result.returncode == 0, result.stderr[-3000:]
-    onnx_transcribe.main([str(exported), *files])
+    onnx_transcribe.main([str(exported), *files, "--beam", "4"])
     expected, _ = printed(capsys)
     assert dict(line.split("\t") for line in result.stdout.splitlines()) == expected
     (tmp_path / "uses_torch.py").write_text("import torch\n")
