@@ -6,10 +6,11 @@
 
 Rows: offline greedy CTC and joint CTC/attention beam search (torch), streaming greedy CTC and streaming
 CTC prefix beam with attention rescoring at each chunk size (torch, transcribe.py --stream's recognizers,
-common/streaming.py; skipped, with the reason, for a model that cannot stream) and offline
-greedy CTC on onnxruntime (the ``export.py --onnx`` folder ``--onnx_dir``, or one exported to a temporary
-folder). Every row decodes the same recordings (read once, through the shards' Opus pass, as
-``transcribe.py`` reads them) one at a time, with torch and onnxruntime held to the row's thread count.
+common/streaming.py; skipped, with the reason, for a model that cannot stream) and, on onnxruntime,
+offline greedy CTC and CTC prefix beam rescored by the decoder (onnx_transcribe.py; the ``export.py
+--onnx`` folder ``--onnx_dir``, or one exported to a temporary folder). Every row decodes the same
+recordings (read once, through the shards' Opus pass, as ``transcribe.py`` reads them) one at a time,
+with torch and onnxruntime held to the row's thread count.
 
 Each row: WER with its bootstrap 95 % interval over utterances and CER (bench/stats.py), RTF = decoding
 seconds / audio seconds (reading excluded). Streaming rows also give the WER ratio to the same search
@@ -174,11 +175,12 @@ def decode_streaming(trained, waveforms, words, chunk_ms, args, search):
     return texts, sum(chunk_times), extra
 
 
-def decode_onnx(onnx_dir, waveforms, threads):
-    """``(texts, seconds)`` of onnx_transcribe.py's greedy CTC on onnxruntime with ``threads`` threads."""
+def decode_onnx(onnx_dir, waveforms, threads, beam_size=None):
+    """``(texts, seconds)`` of onnx_transcribe.py on onnxruntime with ``threads`` threads: greedy CTC, or
+    with ``beam_size`` the CTC prefix beam rescored by the decoder."""
     runtime = onnx_transcribe.OnnxTranscriber(onnx_dir, threads)
     began = time.perf_counter()
-    texts = [runtime.transcribe(waveform) for waveform in waveforms]
+    texts = [runtime.transcribe(waveform, beam_size) for waveform in waveforms]
     return texts, time.perf_counter() - began
 
 
@@ -206,6 +208,8 @@ def measure(trained, entries, waveforms, args, onnx_dir):
             rows[-1]["wer_vs_offline"] = wer_ratio(rows[-1], offline[search], refs)
         texts, seconds = decode_onnx(onnx_dir, waveforms, threads)
         rows.append(row("onnxruntime offline ctc_greedy", threads, entries, texts, seconds, audio_s))
+        texts, seconds = decode_onnx(onnx_dir, waveforms, threads, args.beam or trained.settings["beam_size"])
+        rows.append(row("onnxruntime offline prefix beam + rescoring", threads, entries, texts, seconds, audio_s))
         logger.info("%d thread(s) measured", threads)
     return rows, audio_s
 
@@ -214,12 +218,12 @@ def table(rows, audio_s):
     """The rows as a plain-text table (latencies and chunk compute in ms; ratio: WER / the same search's
     offline WER)."""
     lines = [f"{len(rows)} rows over {audio_s:.1f} s of audio (RTF: decoding seconds per audio second)",
-             f"{'row':32} {'thr':>3} {'WER % [95 % interval]':>22} {'CER %':>6} {'RTF':>7} {'ratio':>6} "
+             f"{'row':44} {'thr':>3} {'WER % [95 % interval]':>22} {'CER %':>6} {'RTF':>7} {'ratio':>6} "
              f"{'chunk':>6} {'first':>6} {'final':>6}"]
     for r in rows:
         low, high = r["wer_interval"]
         wer, ratio = f"{r['wer']:.2f} [{low:.2f}, {high:.2f}]", r.get("wer_vs_offline")
-        lines.append(f"{r['row']:32} {r['threads']:>3} {wer:>22} "
+        lines.append(f"{r['row']:44} {r['threads']:>3} {wer:>22} "
                      f"{r['cer']:>6.2f} {r['rtf']:>7.4f} {'' if ratio is None else f'{ratio[0]:.2f}':>6} "
                      f"{r.get('chunk_compute_ms') or '':>6} {r.get('first_partial_latency_ms') or '':>6} "
                      f"{r.get('final_latency_ms') or '':>6}")

@@ -19,6 +19,7 @@ def test_serving_bench_measures_every_row_on_each_thread_count(chunk_trained, sp
     result = json.loads(printed[-1])
     rows = {r["row"]: r for r in result["rows"]}
     assert set(rows) == {"torch offline ctc_greedy", "torch offline beam", "onnxruntime offline ctc_greedy",
+                         "onnxruntime offline prefix beam + rescoring",
                          *(f"torch streaming {search} {chunk} ms" for search in ("ctc_greedy", "beam")
                            for chunk in (60000, 320))}
     assert all(r["rtf"] > 0 and 0 <= r["cer"] and r["threads"] == 1 for r in rows.values())
