@@ -34,6 +34,7 @@ import itertools
 import json
 import logging
 import os
+import re
 import sys
 import tempfile
 import time
@@ -42,6 +43,7 @@ import numpy as np
 import torch
 
 from bench import stats
+from common.atomic import atomic_write_text
 from common.audio_io import SAMPLE_RATE
 from common.inference import load_trained
 from common.streaming import check_streamable
@@ -69,6 +71,8 @@ def parse_args(argv):
     parser.add_argument("--onnx_dir", default=None, help="an export.py --onnx folder of the same experiment "
                         "(default: export one to a temporary folder)")
     parser.add_argument("--json", action="store_true", help="end with one JSON line of the rows")
+    parser.add_argument("--hyps_dir", default=None, help="also write each row's hypotheses there as "
+                        "{key, hyp, ref} JSON lines (bench/stats.py read_scored), to compare models paired")
     return parser.parse_args(argv)
 
 
@@ -214,6 +218,16 @@ def measure(trained, entries, waveforms, args, onnx_dir):
     return rows, audio_s
 
 
+def write_hyps(rows, refs, folder):
+    """Each row's hypotheses as ``FOLDER/<row>_<threads>t.jsonl`` (``{key, hyp, ref}`` lines)."""
+    os.makedirs(folder, exist_ok=True)
+    for r in rows:
+        name = re.sub(r"[^A-Za-z0-9]+", "_", r["row"]).strip("_") + f"_{r['threads']}t.jsonl"
+        lines = "".join(json.dumps({"key": key, "hyp": hyp, "ref": refs[key]}, ensure_ascii=False) + "\n"
+                        for key, hyp in r["hyps"].items())
+        atomic_write_text(os.path.join(folder, name), lines)
+
+
 def table(rows, audio_s):
     """The rows as a plain-text table (latencies and chunk compute in ms; ratio: WER / the same search's
     offline WER)."""
@@ -239,6 +253,8 @@ def main(argv):
         onnx_dir = args.onnx_dir or export.export(args.exp_dir, os.path.join(scratch, "onnx"), onnx=True)
         rows, audio_s = measure(trained, entries, waveforms, args, onnx_dir)
     print(table(rows, audio_s))
+    if args.hyps_dir:
+        write_hyps(rows, {e.key: e.text for e in entries}, args.hyps_dir)
     if args.json:
         print(json.dumps({"audio_s": round(audio_s, 2), "rows": [{k: v for k, v in r.items() if k != "hyps"}
                                                                   for r in rows]}))

@@ -2,19 +2,20 @@
 
 import json
 
-from bench import serving
+from bench import serving, stats
 
 
-def test_serving_bench_measures_every_row_on_each_thread_count(chunk_trained, speech_corpus, capsys):
+def test_serving_bench_measures_every_row_on_each_thread_count(chunk_trained, speech_corpus, capsys, tmp_path):
     """One thread count, two chunk sizes: the offline greedy / beam, streaming (greedy and beam + rescoring)
     and onnxruntime rows are all there with WER inside its interval, CER and a positive real-time factor;
     the streaming greedy row with a chunk
     covering every recording scores as offline greedy (WER ratio 1) and gives its first word only at the
     end of the audio (first-partial latency past the word's end), onnxruntime's greedy scores as torch's
-    (same hypotheses), and 320 ms streaming has a positive final latency and a WER ratio to offline."""
+    (same hypotheses), and 320 ms streaming has a positive final latency and a WER ratio to offline; the
+    hypotheses written by --hyps_dir score as the row."""
     exp, _ = chunk_trained
     assert serving.main([str(exp), str(speech_corpus / "test.jsonl"), "--threads", "1",
-                         "--chunks_ms", "60000", "320", "--json"]) == 0
+                         "--chunks_ms", "60000", "320", "--json", "--hyps_dir", str(tmp_path)]) == 0
     printed = capsys.readouterr().out.strip().splitlines()
     result = json.loads(printed[-1])
     rows = {r["row"]: r for r in result["rows"]}
@@ -35,4 +36,6 @@ def test_serving_bench_measures_every_row_on_each_thread_count(chunk_trained, sp
         streamed = rows[f"torch streaming {search} 320 ms"]
         assert streamed["final_latency_ms"] > 0 and len(streamed["wer_vs_offline"]) == 3
     assert result["audio_s"] > 5
+    written = stats.read_scored(tmp_path / "torch_streaming_beam_320_ms_1t.jsonl")  # --hyps_dir, as stats reads it
+    assert round(stats.error_rate(written).value, 2) == rows["torch streaming beam 320 ms"]["wer"]
     assert any(line.startswith("torch streaming beam 320 ms") for line in printed[:-1])  # the table
