@@ -32,7 +32,9 @@ its hypotheses equal ``transcribe.py``'s at every sample rate::
 
 import argparse
 import inspect
+import logging
 import os
+import re
 import shutil
 import sys
 
@@ -45,7 +47,9 @@ from common.inference import averaged_checkpoint, decoding_settings, load_langua
 from common.models.experiment import graph_yaml, read_config_tree
 from common.onnx_export import export_onnx
 from common.tokens import BLANK, BOS, EOS
-from common.user_errors import run_command
+from common.user_errors import UserValueError, run_command
+
+logger = logging.getLogger("export")
 
 # The graph's modules with a state (weights, filterbank buffers), named as SpeechEncoderDecoder saves them.
 WEIGHT_MODULES = ("compute_features", "frontend", "transformer", "ctc_lin", "seq_lin")
@@ -229,24 +233,47 @@ def export(exp_dir, out_dir, tokenizer_file=None, onnx=False, **overrides):
     num_tokens = vocab_size(tokenizer_file)
     settings = {**decoding_settings(tree), **overrides}
     settings["prefix_ids"] = [Tokenizer(tokenizer_file).piece_id(token) for token in settings["prefix_tokens"]]
-    state = torch.load(averaged_checkpoint(exp_dir), map_location="cpu")
+    graph = speechbrain_graph(graph_yaml(tree, num_tokens, drop=TRAINING_ONLY))
+    if graph is None and not onnx:
+        raise UserValueError(f"{exp_dir} normalizes features with normalize_type: frame, which SpeechBrain's "
+                             "EncoderDecoderASR cannot: export it with --onnx (onnx_transcribe.py)")
     os.makedirs(out_dir, exist_ok=True)
-    header = (f"# A Tandem finetune experiment ({os.path.basename(os.path.abspath(exp_dir))}) for "
-              "speechbrain.inference.ASR.EncoderDecoderASR (recipes/finetune/export.py).\n")
-    lm_yaml, lm_class = write_language_model(settings, tokenizer_file, num_tokens, out_dir)
-    config = header + graph_yaml(tree, num_tokens, drop=TRAINING_ONLY) + lm_yaml + inference_yaml(settings, lm_class)
-    atomic_write_text(os.path.join(out_dir, "hyperparams.yaml"), config)
-    save_torch(weights(state["model"]), os.path.join(out_dir, "asr.ckpt"))
-    save_torch(state.get("normalize") or {}, os.path.join(out_dir, "normalizer.ckpt"))
-    with atomic_path(os.path.join(out_dir, "tokenizer.ckpt")) as tmp:
-        shutil.copyfile(tokenizer_file, tmp)
-    atomic_write_text(os.path.join(out_dir, CUSTOM_MODULE), custom_module())
+    if graph is None:
+        logger.warning("normalize_type: frame: only the ONNX files are written (SpeechBrain's EncoderDecoderASR "
+                       "has no frame-level normalization)")
+    else:
+        write_speechbrain_folder(exp_dir, out_dir, tokenizer_file, num_tokens, graph, settings)
     if onnx:
         trained = load_trained(exp_dir, "cpu", tokenizer_file)
         decoding = {key: settings[key] for key in ("beam_size", "ctc_weight", "length_normalization", "prefix_ids")}
         export_onnx(trained.model, trained.tokenizer.processor, out_dir, settings["max_duration"], decoding)
     atomic_write_text(os.path.join(out_dir, "README.md"), readme(exp_dir, out_dir, settings, onnx))
     return out_dir
+
+
+def speechbrain_graph(text):
+    """The model graph's YAML with SpeechBrain's classes only (the feature normalizer is Tandem's
+    ``Normalization``, SpeechBrain's own for ``global`` and ``sentence``); None for ``frame``, which
+    SpeechBrain has no module for."""
+    if re.search(r"norm_type:\s*frame\b", text):
+        return None
+    return text.replace("!new:common.models.normalization.Normalization",
+                        "!new:speechbrain.processing.features.InputNormalization")
+
+
+def write_speechbrain_folder(exp_dir, out_dir, tokenizer_file, num_tokens, graph, settings):
+    """hyperparams.yaml, the checkpoints, the tokenizer (and LM) and custom.py of the SpeechBrain export."""
+    state = torch.load(averaged_checkpoint(exp_dir), map_location="cpu")
+    header = (f"# A Tandem finetune experiment ({os.path.basename(os.path.abspath(exp_dir))}) for "
+              "speechbrain.inference.ASR.EncoderDecoderASR (recipes/finetune/export.py).\n")
+    lm_yaml, lm_class = write_language_model(settings, tokenizer_file, num_tokens, out_dir)
+    config = header + graph + lm_yaml + inference_yaml(settings, lm_class)
+    atomic_write_text(os.path.join(out_dir, "hyperparams.yaml"), config)
+    save_torch(weights(state["model"]), os.path.join(out_dir, "asr.ckpt"))
+    save_torch(state.get("normalize") or {}, os.path.join(out_dir, "normalizer.ckpt"))
+    with atomic_path(os.path.join(out_dir, "tokenizer.ckpt")) as tmp:
+        shutil.copyfile(tokenizer_file, tmp)
+    atomic_write_text(os.path.join(out_dir, CUSTOM_MODULE), custom_module())
 
 
 def custom_module():

@@ -1,0 +1,67 @@
+"""common/models/normalization.py: SpeechBrain's normalizers unchanged, and a frame-level one that removes
+the recording level and streams."""
+
+import pytest
+import torch
+from speechbrain.lobes.features import Fbank
+from speechbrain.processing.features import InputNormalization
+
+from common.models.normalization import Normalization
+from common.streaming import StreamingRecognizer
+from recipes.finetune.export import speechbrain_graph
+from tests.common.test_models import fit_normalization, load_graph
+
+
+@pytest.mark.parametrize("norm_type", ["global", "sentence"])
+def test_global_and_sentence_are_speechbrains(norm_type):
+    """Normalization of the types SpeechBrain has gives InputNormalization's output, in training (global
+    statistics updated alike) and in evaluation."""
+    torch.manual_seed(0)
+    feats, lengths = torch.randn(3, 50, 20) * 4 + 2, torch.tensor([1.0, 0.8, 0.5])
+    ours, theirs = Normalization(norm_type), InputNormalization(norm_type=norm_type)
+    for module in (ours, theirs):
+        module.train()
+    assert torch.allclose(ours(feats, lengths), theirs(feats, lengths))
+    ours.eval(), theirs.eval()
+    assert torch.allclose(ours(feats * 0.5, lengths), theirs(feats * 0.5, lengths))
+
+
+def test_frame_normalization_removes_the_recording_level():
+    """With norm_type frame, the same noise at a level 12 dB lower gives the same normalized features
+    (within float error; the Fbank's 80 dB floor is never reached on noise), where global normalization
+    keeps the difference; an unknown type is refused."""
+    fbank, noise = Fbank(n_mels=20), torch.randn(1, 16000, generator=torch.Generator().manual_seed(0))
+    loud, quiet = fbank(noise), fbank(noise * 0.25)
+    frame, plain = Normalization("frame"), Normalization("global")
+    for module in (frame, plain):
+        module.train()
+        module(torch.cat([loud, quiet]), torch.ones(2))
+        module.eval()
+    assert (frame(loud) - frame(quiet)).abs().max() < 1e-3
+    assert (plain(loud) - plain(quiet)).abs().max() > 0.5
+    with pytest.raises(ValueError, match="normalize_type: 'utterance'"):
+        Normalization("utterance")
+
+
+@torch.no_grad()
+def test_a_frame_normalized_model_streams_as_it_decodes_offline():
+    """A model normalizing with norm_type frame passes check_streamable, and a chunk covering the recording
+    gives offline greedy CTC's ids (the level is removed per frame: no statistic of the whole recording)."""
+    graph = load_graph(attention_type="RelPosMHAXL", num_encoder_layers=2, conformer_kernel_size=5,
+                       normalize_type="frame")
+    noise = torch.randn(30000, generator=torch.Generator().manual_seed(1)) * 0.1
+    model = fit_normalization(graph["model"], torch.randn(2, 16000) * 0.1, torch.ones(2))
+    model.ctc_lin.w.bias.data[0] -= 4.0  # the blank less likely: an empty hypothesis would prove nothing
+    recognizer = StreamingRecognizer(model, chunk_frames=1000, left_chunks=1)
+    recognizer.push(noise, final=True)
+    best = model.ctc_log_probs(model.encode(noise[None], torch.ones(1)))[0].argmax(-1).tolist()
+    offline = [t for i, t in enumerate(best) if t != 0 and (i == 0 or t != best[i - 1])]
+    assert recognizer.ids == offline and len(offline) > 3
+
+
+def test_the_speechbrain_export_names_speechbrains_normalizer_and_refuses_frame():
+    """The exported graph names SpeechBrain's InputNormalization (it loads without Tandem); a frame-level
+    normalizer has no SpeechBrain counterpart: None (export.py then writes the ONNX files only)."""
+    text = "normalize: !new:common.models.normalization.Normalization\n    norm_type: {}\n"
+    assert "!new:speechbrain.processing.features.InputNormalization" in speechbrain_graph(text.format("global"))
+    assert speechbrain_graph(text.format("frame")) is None
