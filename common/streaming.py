@@ -23,7 +23,7 @@ encoder states with the weights of the offline joint search.
 
 Streaming needs what can be computed chunk by chunk: a conformer encoder, relative positions
 (``attention_type: RelPosMHAXL``: absolute ones would restart at each chunk) and global feature
-statistics (``normalize_type: global``: sentence statistics need the whole recording).
+statistics (``normalize_type: global`` or ``frame``: sentence statistics need the whole recording).
 """
 
 import functools
@@ -52,8 +52,8 @@ def check_streamable(model, why):
         problems.append(f"attention_type: RelPosMHAXL (not {model.transformer.attention_type}: absolute positions "
                         "would restart at each chunk)")
     if model.normalize.norm_type != "global":
-        problems.append(f"normalize_type: global (not {model.normalize.norm_type}: its statistics need the whole "
-                        "recording)")
+        problems.append(f"normalize_type: global or frame (not {model.normalize.norm_type}: its statistics need the "
+                        "whole recording)")
     if problems:
         raise UserValueError(f"{why} needs a model that streams; train one with " + "; ".join(problems))
 

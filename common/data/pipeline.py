@@ -166,13 +166,16 @@ def pad_id_lists(sequences, value=BLANK, prefix=None, suffix=None):
     return torch.from_numpy(padded), torch.from_numpy(lengths / width).float()
 
 
+TEXT_FIELDS = ("src_tokens", "tokens", "tokens_bos", "tokens_eos")  # the padded fields of a text batch
+
+
 def text_batch(keys, texts, sources, targets):
     """The ``PaddedBatch`` a text loader yields (``id``, ``text``, ``src_tokens``, ``tokens``, ``tokens_bos``,
     ``tokens_eos``) from token id lists, padded by ``pad_id_lists`` (equal to padding per-sentence tensors
     made by ``token_fields``)."""
     samples = [{"id": key, "text": text, "src_tokens": src, "tokens": tgt, "tokens_bos": tgt, "tokens_eos": tgt}
                for key, text, src, tgt in zip(keys, texts, sources, targets)]
-    padded = ["src_tokens", "tokens", "tokens_bos", "tokens_eos"]
+    padded = list(TEXT_FIELDS)
     return PaddedBatch(samples, padded_keys=padded, device_prep_keys=padded, padding_func=pad_id_lists,
                        per_key_padding_kwargs={"tokens_bos": {"prefix": BOS}, "tokens_eos": {"suffix": EOS}},
                        apply_default_convert=False)

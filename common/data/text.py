@@ -24,12 +24,14 @@ from typing import Optional
 
 import numpy as np
 import pyarrow.parquet as pq
+import torch
+from speechbrain.dataio.batch import PaddedData
 from torch.utils.data import DataLoader, Dataset
 
 from common.atomic import atomic_path
 from common.data.batching import check_budget
 from common.data.config import TextLoaderConfig
-from common.data.pipeline import Tokenizer, text_batch
+from common.data.pipeline import TEXT_FIELDS, Tokenizer, text_batch
 from common.data.planning import SlotPlan, batches_to_skip, plan_epoch
 from common.data.stream import BatchStream, SlotDataset
 from common.shard_format import text_shard_paths
@@ -181,7 +183,7 @@ class TextShardDataset(SlotDataset):
         for j in range(skip, len(batches)):
             position = j * workers + worker  # the batch's index in the rank's epoch (round-robin over workers)
             rng = np.random.default_rng([self.seed, self.epoch, position, 4])
-            yield self.collate([stream.take(int(row)) for row in batches[j]], rng)
+            yield as_arrays(self.collate([stream.take(int(row)) for row in batches[j]], rng))
 
     def collate(self, sentences, rng):
         """PaddedBatch of (key, text, source ids, target ids); with a ``noiser``, each source noised with
@@ -190,6 +192,25 @@ class TextShardDataset(SlotDataset):
         if self.noiser is not None:
             sources = [self.noiser(np.asarray(src, dtype=np.int64), rng) for src in sources]
         return text_batch(keys, texts, sources, targets)
+
+
+def as_arrays(batch):
+    """The batch with its padded token fields as numpy arrays, to leave a worker: torch hands a tensor to
+    another process through a shared-memory file of its own, which costs more than copying a text batch's
+    few hundred kilobytes through the pipe (``bench/scale.py --text-sentences``: 2 workers ran 3x slower
+    than none). ``as_tensors`` turns them back, without a copy."""
+    for field in TEXT_FIELDS:
+        padded = getattr(batch, field)
+        setattr(batch, field, PaddedData(padded.data.numpy(), padded.lengths.numpy()))
+    return batch
+
+
+def as_tensors(batch):
+    """The inverse of ``as_arrays`` (tensors sharing the arrays' memory)."""
+    for field in TEXT_FIELDS:
+        padded = getattr(batch, field)
+        setattr(batch, field, PaddedData(torch.from_numpy(padded.data), torch.from_numpy(padded.lengths)))
+    return batch
 
 
 class TextLoader(BatchStream):
@@ -238,8 +259,9 @@ class TextLoader(BatchStream):
         slots = self.plan(epoch)
         self.dataset.slots, self.dataset.epoch, self.dataset.consumed = slots, epoch, start
         workers = len(slots) if self.config.num_workers > 0 else 0
-        yield from DataLoader(self.dataset, batch_size=None, num_workers=workers,
-                              prefetch_factor=2 if workers else None)
+        for batch in DataLoader(self.dataset, batch_size=None, num_workers=workers,
+                                prefetch_factor=2 if workers else None):
+            yield as_tensors(batch)
 
     def end_epoch(self, epoch):
         tokens = sum(int(self.corpus.lengths[b].sum()) for slot in self.plan(epoch) for b in slot.batches)

@@ -26,7 +26,7 @@ recording's segments, joined, to stdout as without ``--stream``. ``--ctc_greedy`
 instead (no rescoring, no endpoints). ``-`` as INPUT reads raw 16-bit
 little-endian PCM, mono at 16 kHz, from stdin until it closes (``arecord -f S16_LE -r 16000 -c 1 |
 transcribe.py EXP - --stream``), without the Opus pass. Streaming wants a model trained with
-``chunk_training: True``, ``attention_type: RelPosMHAXL`` and ``normalize_type: global``.
+``chunk_training: True``, ``attention_type: RelPosMHAXL`` and ``normalize_type: global`` or ``frame``.
 
 Unreadable recordings are named, skipped and counted; the exit status is 1 only when nothing could
 be transcribed.
