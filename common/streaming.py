@@ -36,6 +36,7 @@ from speechbrain.lobes.models.transformer.Conformer import ConformerEncoder
 from speechbrain.utils.dynamic_chunk_training import DynChunkTrainConfig
 from speechbrain.utils.filter_analysis import stack_filter_properties
 
+from common.models.normalization import STREAMING_TYPES
 from common.tokens import BLANK, BOS, EOS
 from common.user_errors import UserValueError
 
@@ -51,9 +52,10 @@ def check_streamable(model, why):
     if model.transformer.attention_type != "RelPosMHAXL":
         problems.append(f"attention_type: RelPosMHAXL (not {model.transformer.attention_type}: absolute positions "
                         "would restart at each chunk)")
-    if model.normalize.norm_type != "global":
-        problems.append(f"normalize_type: global or frame (not {model.normalize.norm_type}: its statistics need the "
-                        "whole recording)")
+    kind = getattr(model.normalize, "kind", model.normalize.norm_type)
+    if kind not in STREAMING_TYPES:
+        problems.append(f"normalize_type: causal, global or frame (not {kind}: its statistics need the whole "
+                        "recording)")
     if problems:
         raise UserValueError(f"{why} needs a model that streams; train one with " + "; ".join(problems))
 
@@ -75,6 +77,12 @@ class StreamingFrontEnd:
         self.margin = -(-self.radius // self.stride) * self.stride
         self.samples, self.first = torch.zeros(0), 0  # kept audio and the index of its first sample
         self.emitted = 0  # frames returned so far
+        self.causal = getattr(model.normalize, "kind", None) == "causal"
+        stft = model.compute_features.compute_STFT
+        self.hop, self.half_window = stft.hop_length, stft.n_fft // 2
+        # causal statistics: sums[k] = (count, sum, sum of squares) of the Fbank frames before frame
+        # sums_base + k, each frame counted once, when its samples have all arrived
+        self.sums, self.sums_base = [(0, 0.0, 0.0)], 0
 
     @torch.no_grad()
     def push(self, samples, final=False):
@@ -86,7 +94,10 @@ class StreamingFrontEnd:
             return None
         start = max(0, self.emitted * self.stride - self.margin)
         window = self.samples[start - self.first:][None]
-        feats = self.model.normalize(self.model.compute_features(window), torch.ones(1))
+        if self.causal:
+            feats = self.causal_features(window, start, total, final)
+        else:
+            feats = self.model.normalize(self.model.compute_features(window), torch.ones(1))
         frames = self.model.frontend(feats)
         offset = start // self.stride
         last = offset + frames.shape[1] if final else complete
@@ -95,6 +106,27 @@ class StreamingFrontEnd:
         keep_from = max(0, self.emitted * self.stride - self.margin)
         self.samples, self.first = self.samples[keep_from - self.first:], keep_from
         return out if out.shape[1] else None
+
+
+    def causal_features(self, window, start, total, final):
+        """Fbank frames of ``window`` (its first sample ``start``; ``total`` samples so far) normalized
+        with the causal statistics of the whole recording: the sums of the frames before the window's
+        first exact frame (one whose STFT window lies inside the audio the window holds), then the window's
+        own. Frames before it feed no frame this call emits; frames complete now join the sums."""
+        raw = self.model.compute_features(window)
+        first = start // self.hop  # the Fbank frame at the window's start
+        exact = first if start == 0 else first + -(-self.half_window // self.hop)
+        count, total_sum, squares = self.sums[exact - self.sums_base]
+        feats = torch.zeros_like(raw)
+        feats[:, exact - first:] = self.model.normalize.causal(raw[:, exact - first:], (count, total_sum, squares))
+        known = self.sums_base + len(self.sums) - 1  # frames counted so far
+        last = first + raw.shape[1] if final else max(known, (total - self.half_window) // self.hop + 1)  # complete
+        for frame in raw[0, known - first:last - first].double():
+            count, total_sum, squares = self.sums[-1]
+            self.sums.append((count + 1, total_sum + frame, squares + frame.square()))
+        keep = max(0, first - self.sums_base)  # later windows start no earlier than this one
+        self.sums, self.sums_base = self.sums[keep:], self.sums_base + keep
+        return feats
 
 
 class StreamingRecognizer:

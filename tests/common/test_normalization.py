@@ -65,3 +65,27 @@ def test_the_speechbrain_export_names_speechbrains_normalizer_and_refuses_frame(
     text = "normalize: !new:common.models.normalization.Normalization\n    norm_type: {}\n"
     assert "!new:speechbrain.processing.features.InputNormalization" in speechbrain_graph(text.format("global"))
     assert speechbrain_graph(text.format("frame")) is None
+
+
+def test_causal_statistics_look_back_only_and_carry_across_pieces():
+    """norm_type causal: frame t is normalized by each bin's mean / std over the corpus prior (100 frames)
+    and frames 0..t, computed here by hand; normalizing the second half with the first half's sums as
+    history equals normalizing the whole; padding after a row changes none of its frames."""
+    torch.manual_seed(0)
+    x = torch.randn(1, 60, 4) * 3 + 5
+    causal = Normalization("causal")
+    causal.train()
+    causal(torch.randn(2, 50, 4), torch.ones(2))  # the corpus statistics
+    causal.eval()
+    out = causal(x)
+    mean, var, t = causal.glob_mean.double(), causal.glob_std.double().square(), 37
+    seen = x[0, :t + 1].double()
+    running_mean = (100 * mean + seen.sum(0)) / (100 + t + 1)
+    running_var = (100 * (var + mean.square()) + seen.square().sum(0)) / (100 + t + 1) - running_mean.square()
+    assert torch.allclose(out[0, t].double(), (x[0, t].double() - running_mean) / running_var.sqrt(), atol=1e-5)
+    head = x[:, :25].double()[0]
+    history = (25, head.sum(0), head.square().sum(0))
+    assert torch.allclose(torch.cat([causal.causal(x[:, :25]), causal.causal(x[:, 25:], history)], dim=1), out,
+                          atol=1e-5)
+    padded = torch.cat([x, torch.zeros(1, 20, 4)], dim=1)
+    assert torch.allclose(causal(padded, torch.tensor([60 / 80]))[:, :60], out)

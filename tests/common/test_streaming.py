@@ -31,10 +31,22 @@ def noise():
     return torch.randn(37123, generator=torch.Generator().manual_seed(0)) * 0.1
 
 
+@pytest.fixture(scope="module")
+def causal_model():
+    """The tiny streamable model with causal statistics (normalize_type: causal)."""
+    graph = load_graph(attention_type="RelPosMHAXL", num_encoder_layers=2, conformer_kernel_size=5,
+                       normalize_type="causal")
+    return fit_normalization(graph["model"], torch.randn(2, 16000) * 0.1, torch.ones(2))
+
+
 @pytest.mark.parametrize("piece", [1000, 4000, 10240, 50000])
-def test_streamed_front_end_frames_equal_the_offline_ones(model, noise, piece):
+@pytest.mark.parametrize("normalization", ["global", "causal"])
+def test_streamed_front_end_frames_equal_the_offline_ones(model, causal_model, noise, piece, normalization):
     """Whatever the piece size, the front-end frames StreamingFrontEnd emits are the offline frames, each
-    once and in order (the last ones when the recording ends)."""
+    once and in order (the last ones when the recording ends); with causal statistics too, whose sums
+    run over the whole recording across pieces (the noise grows louder, so they matter)."""
+    if normalization == "causal":
+        model, noise = causal_model, noise * torch.linspace(0.2, 3.0, len(noise))
     with torch.no_grad():
         offline = model.frontend(model.extract_features(noise[None], torch.ones(1)))
     front_end, frames = StreamingFrontEnd(model), []
