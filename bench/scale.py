@@ -135,7 +135,7 @@ def in_memory_epoch(metadata, tokenizer, config):
     batches = [rows[b] for b in buffered_batches(lengths[rows], budget=config.max_batch_tokens, rng=rng,
                                                  max_batch_size=config.max_batch_size,
                                                  buffer_size=config.batch_buffer)]
-    collator = TextShardDataset(None, tokenizer, TextColumns(), seed=0)
+    collator = TextShardDataset(None, tokenizer, TextColumns(), seed=0, batching=None)
     for position, batch in enumerate(batches):
         yield collator.collate([(keys[r], texts[r], src[r], tgt[r]) for r in batch],
                                np.random.default_rng([0, 0, position, 4]))

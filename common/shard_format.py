@@ -174,12 +174,15 @@ def is_text_metadata(path):
 
 
 def text_shard_paths(metadata_path):
-    """Absolute paths of a text corpus's shards, in shard order (one read of the ``shard_name`` column)."""
+    """Absolute paths of a text corpus's shards, in shard order: the ``shard_name`` column read in
+    pieces of 64k rows, so that memory does not grow with the sentences."""
     if not is_text_metadata(metadata_path):
         raise ValueError(f"{metadata_path} is not the metadata of text shards: make it with "
                          "local/make_text_shards.py (a text parquet of an older version: run it again)")
     folder = os.path.dirname(os.path.abspath(metadata_path))
-    names = pq.read_table(metadata_path, columns=["shard_name"])["shard_name"].unique().to_pylist()
+    names = {}
+    for batch in pq.ParquetFile(metadata_path).iter_batches(batch_size=1 << 16, columns=["shard_name"]):
+        names.update(dict.fromkeys(batch.column(0).unique().to_pylist()))
     return [os.path.join(folder, name) for name in names]
 
 

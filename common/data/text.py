@@ -1,11 +1,14 @@
 """Text loaders for pretraining and language models: mono text (denoising, LM) and paired text
 (translation), streamed from text shards (``local/make_text_shards.py``, ``common/shard_format.py``).
 
-The main process plans each epoch from token counts alone, with the speech planner
-(``planning.plan_epoch``: whole shards per rank and worker, the same batcher, the same number of
-batches on every rank); dataloader workers read their shards front to back, tokenize the sentences
-there and yield collated batches. No sentence is held by the main process, so its memory grows with
-a few bytes per sentence (the plan), not with the text.
+Planning is shard by shard, so that nothing in the main process grows with the sentences: whole shards
+go to each (rank, worker) slot, balanced on tokens (``planning.assign_shards``, as for speech); each
+shard is batched on its own by the speech batcher (``buffered_batches`` over its token counts, seeded by
+seed, epoch and shard), and slots with fewer batches cut their largest batches until every slot of every
+rank yields the same number. At each epoch start the loader's workers count the batches of every shard
+(a few bytes per batch come back); dataloader workers then replan their own shards' batches, read each
+shard once, tokenize the rows they need there and yield collated batches. Main-process memory is a few
+numbers per shard and per batch, not per sentence (``bench/scale.py --text-sentences``).
 
 Token counts: the first loader over a corpus with a given tokenizer tokenizes every shard once (in the
 workers) and keeps each shard's counts beside it (``SHARD.tokens-<hash>.npy``); later loaders read them.
@@ -15,7 +18,9 @@ Mono text: source = target = the sentence. Language tags such as ``<en>`` are pr
 target tokens when a language column is given. With a ``noiser``, sources are noised in the workers.
 """
 
+import dataclasses
 import hashlib
+import heapq
 import json
 import logging
 import os
@@ -29,10 +34,10 @@ from speechbrain.dataio.batch import PaddedData
 from torch.utils.data import DataLoader, Dataset
 
 from common.atomic import atomic_path
-from common.data.batching import check_budget
+from common.data.batching import buffered_batches, check_budget
 from common.data.config import TextLoaderConfig
 from common.data.pipeline import TEXT_FIELDS, Tokenizer, text_batch
-from common.data.planning import SlotPlan, batches_to_skip, plan_epoch
+from common.data.planning import assign_shards, batches_to_skip, resolve_workers
 from common.data.stream import BatchStream, SlotDataset
 from common.shard_format import text_shard_paths
 
@@ -109,81 +114,182 @@ def counts_tag(tokenizer, columns):
 
 @dataclass
 class TextCorpus:
-    """What planning needs of one or more text corpora, rows in shard order (no text).
+    """What planning needs of one or more text corpora, shard by shard: no array of the main process
+    grows with the sentences (each shard's token counts are read from its cache when needed).
 
     shard_paths : list of str, absolute shard paths
     shard_starts : np.ndarray of int64, the first row of each shard (and the row count last)
-    lengths : np.ndarray of int32, source + target tokens of each row
-    shard_of_row : np.ndarray of int32, shard index of each row (-1: filtered out)
+    shard_tokens : np.ndarray of int64, source + target tokens of each shard's used rows
+    shard_used : np.ndarray of int64, used rows of each shard (``max_tokens`` leaves out longer ones)
+    counts : ShardTokenCounts, each shard's token count per row
+    max_tokens : int, optional
     """
 
     shard_paths: list
     shard_starts: np.ndarray
-    lengths: np.ndarray
-    shard_of_row: np.ndarray
+    shard_tokens: np.ndarray
+    shard_used: np.ndarray
+    counts: ShardTokenCounts
+    max_tokens: Optional[int] = None
 
     def __len__(self):
-        return len(self.lengths)
+        return int(self.shard_starts[-1])
+
+    def used_rows(self, shard):
+        """(rows of ``shard`` that are used, local to the shard; their token counts)."""
+        lengths = self.counts[shard]
+        rows = np.arange(len(lengths)) if self.max_tokens is None else np.flatnonzero(lengths <= self.max_tokens)
+        return rows, lengths[rows]
 
 
-def read_text_corpus(parquets, tokenizer, columns, num_workers=0):
+class ShardSummaries(Dataset):
+    """Item ``i``: (rows, used rows, tokens of the used rows, longest used row) of shard ``i``."""
+
+    def __init__(self, counts, max_tokens):
+        self.counts, self.max_tokens = counts, max_tokens
+
+    def __len__(self):
+        return len(self.counts)
+
+    def __getitem__(self, index):
+        lengths = self.counts[index]
+        used = lengths if self.max_tokens is None else lengths[lengths <= self.max_tokens]
+        return len(lengths), len(used), int(used.sum()), int(used.max()) if len(used) else 0
+
+
+def read_text_corpus(parquets, tokenizer, columns, num_workers=0, max_tokens=None):
     """The ``TextCorpus`` of one or more text metadata parquets; token counts from the shards' caches or
-    counted in ``num_workers`` processes (0: here)."""
+    counted in ``num_workers`` processes (0: here), summed there: only four numbers per shard come back."""
     paths = [parquets] if isinstance(parquets, (str, bytes, os.PathLike)) else list(parquets)
     if not paths:
         raise ValueError("no text parquet given: pass the OUT.parquet of local/make_text_shards.py")
     shard_paths = [shard for path in paths for shard in text_shard_paths(path)]
-    counts = DataLoader(ShardTokenCounts(shard_paths, tokenizer, columns), batch_size=None,
-                        num_workers=min(num_workers, len(shard_paths)))
-    per_shard = list(counts)
-    sizes = np.array([len(c) for c in per_shard], dtype=np.int64)
-    return TextCorpus(shard_paths, np.concatenate([[0], np.cumsum(sizes)]),
-                      np.concatenate(per_shard).astype(np.int32),
-                      np.repeat(np.arange(len(shard_paths), dtype=np.int32), sizes))
+    counts = ShardTokenCounts(shard_paths, tokenizer, columns)
+    summaries = DataLoader(ShardSummaries(counts, max_tokens), batch_size=None,
+                           num_workers=min(num_workers, len(shard_paths)))
+    rows, used, tokens, longest = np.array(list(summaries), dtype=np.int64).reshape(-1, 4).T
+    corpus = TextCorpus(shard_paths, np.concatenate([[0], np.cumsum(rows)]), tokens, used, counts, max_tokens)
+    return corpus, int(longest.max()) if len(longest) else 0
 
 
-class SentenceStream:
-    """The sentences of a slot's remaining batches, read shard by shard in stream order as batches ask
-    for them; each is tokenized when its shard is read and released when its batch takes it."""
+def shard_batches(corpus, shard, seed, epoch, batching):
+    """Batches of one shard in ``epoch`` (rows local to the shard, in yield order), from its token counts
+    alone: the same in the main process (which counts them) and in the worker (which reads them)."""
+    rows, lengths = corpus.used_rows(shard)
+    rng = np.random.default_rng([seed, epoch, shard, 5])
+    return [rows[batch] for batch in buffered_batches(lengths, rng=rng, **batching)]
 
-    def __init__(self, dataset, slot, remaining):
-        self.dataset, self.shards, self.held = dataset, iter(slot.shards), {}
-        self.needed = np.sort(np.concatenate(remaining)) if remaining else np.empty(0, dtype=np.int64)
 
-    def take(self, row):
-        """(key, text, source ids, target ids) of ``row``, reading shards until it is there."""
-        while row not in self.held:
-            self.read(next(self.shards))
-        return self.held.pop(row)
+class ShardBatchSizes(Dataset):
+    """Item ``i``: the size of each batch of shard ``i`` in one epoch (int32 array)."""
 
-    def read(self, shard):
-        """Tokenize and hold the needed rows of one shard."""
-        start, end = self.dataset.corpus.shard_starts[shard], self.dataset.corpus.shard_starts[shard + 1]
-        rows = self.needed[np.searchsorted(self.needed, start):np.searchsorted(self.needed, end)]
-        if not len(rows):
-            return
-        table = pq.read_table(self.dataset.corpus.shard_paths[shard], columns=self.dataset.columns.names())
-        encoded = encode_rows(table.take(rows - start), self.dataset.tokenizer, self.dataset.columns)
-        self.held.update(zip(rows.tolist(), zip(*encoded)))
+    def __init__(self, corpus, seed, epoch, batching):
+        self.corpus, self.seed, self.epoch, self.batching = corpus, seed, epoch, batching
+
+    def __len__(self):
+        return len(self.corpus.shard_paths)
+
+    def __getitem__(self, shard):
+        batches = shard_batches(self.corpus, shard, self.seed, self.epoch, self.batching)
+        return np.array([len(batch) for batch in batches], dtype=np.int32)
+
+
+@dataclass
+class TextSlot:
+    """What one dataloader worker of one rank reads and yields in one epoch.
+
+    shards : shard indices in read order; each shard's batches come in ``shard_batches`` order.
+    pieces : per shard, the number of consecutive pieces each of its batches is cut into (equal batch
+        counts on every slot without dummy batches, as ``planning.split_largest_batches``).
+    stride, offset, count : of the slot's pieces in order, yield those at ``offset``, ``offset + stride``,
+        ... (``count`` of them): one rank's share when ranks outnumber shards, else every piece.
+    """
+
+    shards: list
+    pieces: list
+    stride: int = 1
+    offset: int = 0
+    count: int = 0
+
+
+def pieces_to_reach(sizes, target):
+    """Pieces per batch so that ``sizes`` (batch sizes) become ``target`` batches: the batch whose
+    largest piece is largest is cut once more, until there are ``target``."""
+    pieces = np.ones(len(sizes), dtype=np.int64)
+    heap = [(-int(size), j) for j, size in enumerate(sizes) if size > 1]
+    heapq.heapify(heap)
+    for _ in range(target - len(sizes)):
+        if not heap:
+            raise ValueError(f"cannot reach {target} batches per worker with {len(sizes)} batches of single "
+                             "sentences: shards are too uneven; write shards of similar size "
+                             "(make_text_shards.py --shard-sentences) or use fewer workers")
+        _, j = heapq.heappop(heap)
+        pieces[j] += 1
+        if sizes[j] > pieces[j]:
+            heapq.heappush(heap, (-int(-(-sizes[j] // pieces[j])), j))
+    return pieces
+
+
+def plan_text_epoch(corpus, seed, epoch, world_size, num_workers, batching, sizes):
+    """``plan[rank][worker]`` of ``TextSlot``: whole shards per slot, balanced on tokens
+    (``planning.assign_shards``), each slot's shards in a shuffled order, the same number of batches on
+    every slot. ``sizes``: ``ShardBatchSizes`` of every shard."""
+    rng = np.random.default_rng([seed, epoch])
+    workers = resolve_workers(len(corpus.shard_paths), world_size, num_workers)
+    plan = []
+    for rank_shards in assign_shards(corpus.shard_tokens.astype(np.float64), world_size, workers, rng):
+        plan.append([TextSlot([shards[i] for i in rng.permutation(len(shards))], []) for shards in rank_shards])
+    slots = [slot for rank in plan for slot in rank]
+    target = max(sum(len(sizes[s]) for s in slot.shards) for slot in slots)
+    for slot in slots:
+        pieces = pieces_to_reach(np.concatenate([sizes[s] for s in slot.shards]), target)
+        slot.pieces = np.split(pieces, np.cumsum([len(sizes[s]) for s in slot.shards])[:-1])
+        slot.count = target
+    return plan
 
 
 class TextShardDataset(SlotDataset):
     """Yields one rank's planned text batches of one epoch; inside a worker, only that worker's share.
-    Set ``slots`` (the rank's ``SlotPlan`` list), ``epoch`` and ``consumed`` before iterating."""
+    Set ``slots`` (the rank's ``TextSlot`` list), ``epoch`` and ``consumed`` before iterating."""
 
-    def __init__(self, corpus, tokenizer, columns, seed, noiser=None):
-        self.corpus, self.tokenizer, self.columns, self.seed, self.noiser = corpus, tokenizer, columns, seed, noiser
+    def __init__(self, corpus, tokenizer, columns, seed, batching, noiser=None):
+        self.corpus, self.tokenizer, self.columns, self.seed = corpus, tokenizer, columns, seed
+        self.batching, self.noiser = batching, noiser
         self.slots, self.epoch, self.consumed = [], 0, 0
 
+    def slot_rows(self, slot):
+        """(shard, rows local to it) of each batch ``slot`` yields, in order, shard by shard: a list of
+        the shard's batches at a time, from token counts alone (no text is read)."""
+        position = 0  # index among the slot's pieces
+        for shard, pieces in zip(slot.shards, slot.pieces):
+            batches = shard_batches(self.corpus, shard, self.seed, self.epoch, self.batching)
+            taken = []
+            for batch, count in zip(batches, pieces):
+                for piece in np.array_split(batch, count):
+                    if position % slot.stride == slot.offset and position // slot.stride < slot.count:
+                        taken.append(piece)
+                    position += 1
+            yield shard, taken
+
     def slot_batches(self, worker):
-        """Collated batches of one slot, from the first one not yet consumed."""
-        workers, batches = len(self.slots), self.slots[worker].batches
-        skip = batches_to_skip(self.consumed, worker, workers)
-        stream = SentenceStream(self, self.slots[worker], batches[skip:])
-        for j in range(skip, len(batches)):
-            position = j * workers + worker  # the batch's index in the rank's epoch (round-robin over workers)
-            rng = np.random.default_rng([self.seed, self.epoch, position, 4])
-            yield as_arrays(self.collate([stream.take(int(row)) for row in batches[j]], rng))
+        """Collated batches of one slot, from the first one not yet consumed; each shard's text is read
+        and tokenized once, for the rows its remaining batches hold."""
+        workers, slot = len(self.slots), self.slots[worker]
+        skip, j = batches_to_skip(self.consumed, worker, workers), 0
+        for shard, batches in self.slot_rows(slot):
+            remaining = batches[max(0, skip - j):]
+            first = j + len(batches) - len(remaining)
+            j += len(batches)
+            if not remaining:
+                continue
+            rows = np.unique(np.concatenate(remaining))
+            table = pq.read_table(self.corpus.shard_paths[shard], columns=self.columns.names()).take(rows)
+            sentences = dict(zip(rows.tolist(), zip(*encode_rows(table, self.tokenizer, self.columns))))
+            del table
+            for k, batch in enumerate(remaining, start=first):
+                position = k * workers + worker  # the batch's index in the rank's epoch (round-robin)
+                rng = np.random.default_rng([self.seed, self.epoch, position, 4])
+                yield as_arrays(self.collate([sentences.pop(row) for row in batch.tolist()], rng))
 
     def collate(self, sentences, rng):
         """PaddedBatch of (key, text, source ids, target ids); with a ``noiser``, each source noised with
@@ -226,34 +332,39 @@ class TextLoader(BatchStream):
 
     def plan(self, epoch):
         """This rank's slots of ``epoch``: its own shards when there are at least as many shards as ranks,
-        else every ``world_size``-th batch of the one-rank plan, cut to the same count on every rank."""
+        else every ``world_size``-th batch of the one-rank plan, the same count on every rank. The batch
+        sizes of every shard are counted in the loader's workers (each rank counts all: every rank needs
+        the longest slot's count)."""
         if self._plan[0] != epoch:
             shares_shards = len(self.corpus.shard_paths) >= self.world_size
-            config = self.config
-            plan = plan_epoch(self.corpus.lengths, self.corpus.shard_of_row, self.seed, epoch,
-                              self.world_size if shares_shards else 1, config.num_workers,
-                              budget=config.max_batch_tokens, max_batch_size=config.max_batch_size,
-                              buffer_size=config.batch_buffer)
+            workers = min(self.config.num_workers, len(self.corpus.shard_paths))
+            sizes = list(DataLoader(ShardBatchSizes(self.corpus, self.seed, epoch, self.dataset.batching),
+                                    batch_size=None, num_workers=workers))
+            plan = plan_text_epoch(self.corpus, self.seed, epoch, self.world_size if shares_shards else 1,
+                                   self.config.num_workers, self.dataset.batching, sizes)
             self._plan = (epoch, plan[self.rank] if shares_shards else self.dealt(plan[0]))
         return self._plan[1]
 
     def dealt(self, slots):
         """Every ``world_size``-th batch of each slot from ``rank`` on, the same count on every rank
         (the fewer than ``world_size`` batches left over are not used this epoch)."""
-        per_rank = len(slots[0].batches) // self.world_size
+        per_rank = slots[0].count // self.world_size
         if per_rank == 0:
-            raise ValueError(f"{len(slots[0].batches)} text batches per worker for world_size={self.world_size}: "
+            raise ValueError(f"{slots[0].count} text batches per worker for world_size={self.world_size}: "
                              "lower the token budget, add text, or write more shards (make_text_shards.py "
                              "--shard-sentences) so that each rank reads its own")
-        return [SlotPlan(s.shards, s.stream_rows, s.batches[self.rank::self.world_size][:per_rank]) for s in slots]
+        return [dataclasses.replace(slot, stride=self.world_size, offset=self.rank, count=per_rank) for slot in slots]
 
     def batches_in_epoch(self, epoch):
-        return sum(len(slot.batches) for slot in self.plan(epoch))
+        return sum(slot.count for slot in self.plan(epoch))
 
     def planned_rows(self, epoch):
-        """Corpus rows of each batch of ``epoch`` in yield order (no text read)."""
-        slots = self.plan(epoch)
-        return [slot.batches[j] for j in range(len(slots[0].batches)) for slot in slots]
+        """Corpus rows of each batch of ``epoch`` in yield order (no text read; for inspection)."""
+        slots, dataset = self.plan(epoch), self.dataset
+        dataset.epoch = epoch
+        per_slot = [[self.corpus.shard_starts[shard] + rows for shard, batches in dataset.slot_rows(slot)
+                     for rows in batches] for slot in slots]
+        return [batches[j] for j in range(len(per_slot[0])) for batches in per_slot]
 
     def epoch_batches(self, epoch, start):
         slots = self.plan(epoch)
@@ -264,9 +375,10 @@ class TextLoader(BatchStream):
             yield as_tensors(batch)
 
     def end_epoch(self, epoch):
-        tokens = sum(int(self.corpus.lengths[b].sum()) for slot in self.plan(epoch) for b in slot.batches)
-        logger.info("%s loader, epoch %d rank %d: %d batches, %d tokens (source + target)", self.name, epoch,
-                    self.rank, self.batches_in_epoch(epoch), tokens)
+        shards = [shard for slot in self.plan(epoch) for shard in slot.shards]
+        logger.info("%s loader, epoch %d rank %d: %d batches from %d shards (%d tokens, source + target, in "
+                    "them)", self.name, epoch, self.rank, self.batches_in_epoch(epoch), len(shards),
+                    int(self.corpus.shard_tokens[shards].sum()))
 
 
 def make_text_loader(parquets, tokenizer, config, seed=0, rank=0, world_size=1, text_column="text",
@@ -300,11 +412,11 @@ def make_text_loader(parquets, tokenizer, config, seed=0, rank=0, world_size=1, 
     config = TextLoaderConfig.from_config(config)
     tokenizer = tokenizer if isinstance(tokenizer, Tokenizer) else Tokenizer(tokenizer)
     columns = TextColumns(text_column, target_column, lang_column, target_lang_column)
-    corpus = read_text_corpus(parquets, tokenizer, columns, config.num_workers)
-    if config.max_tokens is not None:
-        corpus.shard_of_row[corpus.lengths > config.max_tokens] = -1
-    check_budget(corpus.lengths[corpus.shard_of_row >= 0], config.max_batch_tokens, unit="tokens")
-    logger.info("%d sentences (%d used), %d tokens in %d shards from %s", len(corpus),
-                int((corpus.shard_of_row >= 0).sum()), int(corpus.lengths.sum()), len(corpus.shard_paths), parquets)
-    dataset = TextShardDataset(corpus, tokenizer, columns, seed, noiser)
+    corpus, longest = read_text_corpus(parquets, tokenizer, columns, config.num_workers, config.max_tokens)
+    check_budget(np.array([longest]), config.max_batch_tokens, unit="tokens")
+    logger.info("%d sentences (%d used), %d tokens used, in %d shards from %s", len(corpus),
+                int(corpus.shard_used.sum()), int(corpus.shard_tokens.sum()), len(corpus.shard_paths), parquets)
+    batching = {"budget": config.max_batch_tokens, "max_batch_size": config.max_batch_size,
+                "buffer_size": config.batch_buffer}
+    dataset = TextShardDataset(corpus, tokenizer, columns, seed, batching, noiser)
     return TextLoader(corpus, dataset, config, seed, rank, world_size)

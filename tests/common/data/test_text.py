@@ -2,13 +2,16 @@
 sentence once per epoch, equal steps per rank, exact resume, tokenization in the workers."""
 
 import glob
+import itertools
 
+import numpy as np
 import pyarrow as pa
 import pyarrow.parquet as pq
 import pytest
 
 from common.data import TextLoaderConfig, make_text_loader
 from common.data.synthetic import write_text_shards
+from common.data.text import pieces_to_reach
 
 UNEVEN = [30, 12, 17, 9, 21]  # sentences per shard
 
@@ -56,8 +59,9 @@ def test_every_sentence_once_per_epoch_and_equal_steps_per_rank_over_uneven_shar
     config = TextLoaderConfig(200, num_workers=num_workers)
     loaders = [make_text_loader(mono_parquet, tokenizer_model, config, seed=5, rank=r, world_size=2) for r in (0, 1)]
     for _ in range(2):
+        announced = len(loaders[0])
         per_rank = [epoch_keys(loader) for loader in loaders]
-        assert len(per_rank[0]) == len(per_rank[1]) == len(loaders[0]) > 0
+        assert len(per_rank[0]) == len(per_rank[1]) == announced > 0
         assert sorted(k for batches in per_rank for batch in batches for k in batch) == sorted(all_keys(mono_parquet))
     assert loaders[0].epoch == 2
 
@@ -122,7 +126,8 @@ def test_token_counts_are_kept_beside_the_shards_and_max_tokens_filters(tmp_path
     assert [b.tolist() for b in first.planned_rows(0)] == [b.tolist() for b in second.planned_rows(0)]
     limited = make_text_loader(parquet, tokenizer_model, TextLoaderConfig(200, max_tokens=12))
     kept = {k for batch in limited for k in batch.id}
-    lengths = dict(zip(all_keys(parquet), first.corpus.lengths.tolist()))
+    counts = [first.corpus.counts[shard] for shard in range(len(first.corpus.shard_paths))]
+    lengths = dict(zip(all_keys(parquet), [int(n) for shard in counts for n in shard]))
     assert kept == {k for k, n in lengths.items() if n <= 12} and len(kept) < len(lengths)
 
 
@@ -131,3 +136,33 @@ def test_a_parquet_that_is_not_text_shards_metadata_is_refused_with_the_fix(tmp_
     pq.write_table(pa.Table.from_pylist([{"sample_key": "a", "text": "the cat"}]), tmp_path / "old.parquet")
     with pytest.raises(ValueError, match="make_text_shards.py"):
         make_text_loader(tmp_path / "old.parquet", tokenizer_model, TextLoaderConfig(200))
+
+
+def test_the_main_process_holds_numbers_per_shard_not_per_sentence(mono_parquet, tokenizer_model):
+    """What the loader keeps between epochs (corpus and plan) has one entry per shard or per batch: no
+    array as long as the corpus's sentences, so its memory does not grow with the text."""
+    loader = make_text_loader(mono_parquet, tokenizer_model, TextLoaderConfig(200, num_workers=2), world_size=1)
+    corpus, slots = loader.corpus, loader.plan(0)
+    shards = len(corpus.shard_paths)
+    assert len(corpus) == sum(UNEVEN) and shards == len(UNEVEN)
+    assert all(len(getattr(corpus, name)) <= shards + 1 for name in ("shard_starts", "shard_tokens", "shard_used"))
+    batches = loader.batches_in_epoch(0)
+    assert sum(len(pieces) for slot in slots for pieces in slot.pieces) <= batches < sum(UNEVEN)
+    rows = np.concatenate(loader.planned_rows(0))
+    assert sorted(rows.tolist()) == list(range(sum(UNEVEN)))
+
+
+@pytest.mark.parametrize("sizes,target", [([5, 3, 1], 5), ([2, 2], 4), ([9], 4), ([1, 7, 7], 3)])
+def test_pieces_reach_the_target_cutting_the_largest_batches(sizes, target):
+    """Batches of ``sizes`` cut into ``target`` pieces in all: no batch into more pieces than sentences,
+    and no other cut would leave a smaller largest piece."""
+    pieces = pieces_to_reach(np.array(sizes), target)
+    assert pieces.sum() == target and (pieces <= np.array(sizes)).all()
+    largest = max(-(-s // p) for s, p in zip(sizes, pieces))
+    assert largest == min(max(-(-s // p) for s, p in zip(sizes, other))
+                          for other in itertools.product(*[range(1, s + 1) for s in sizes]) if sum(other) == target)
+
+
+def test_single_sentence_batches_cannot_be_cut_and_the_error_names_the_fix():
+    with pytest.raises(ValueError, match="--shard-sentences"):
+        pieces_to_reach(np.array([1, 1]), 3)
