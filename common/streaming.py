@@ -22,8 +22,9 @@ the attention decoder, and the language model when there is one, rescore the n-b
 encoder states with the weights of the offline joint search.
 
 Streaming needs what can be computed chunk by chunk: a conformer encoder, relative positions
-(``attention_type: RelPosMHAXL``: absolute ones would restart at each chunk) and global feature
-statistics (``normalize_type: global`` or ``frame``: sentence statistics need the whole recording).
+(``attention_type: RelPosMHAXL``: absolute ones would restart at each chunk) and feature statistics
+that stream (``normalize_type: causal``, ``global`` or ``frame``: sentence statistics need the whole
+recording).
 """
 
 import functools

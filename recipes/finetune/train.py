@@ -98,7 +98,8 @@ class ASR(RecipeBrain):
             return text_to_text(self.modules.model, *batch.src_tokens, batch.tokens_bos.data), None
         wavs, wav_lens = speech_input(batch)
         epoch = self.hparams.epoch_counter.current
-        chunks = self.hparams.chunk_sampler(stage) if self.hparams.chunk_training else None  # None in evaluation
+        chunked = self.hparams.chunk_training and self.optimizer_step >= self.hparams.chunk_warmup_steps
+        chunks = self.hparams.chunk_sampler(stage) if chunked else None  # the sampler gives None in evaluation
         return self.network(stage)(wavs, wav_lens, batch.tokens_bos.data, epoch=epoch,
                                    dynchunktrain_config=chunks), wav_lens
 

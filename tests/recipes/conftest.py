@@ -5,7 +5,7 @@ import torch
 
 from common.models import SpeechEncoderDecoder
 from recipes.finetune import train
-from tests.recipes.finetune_args import train_argv
+from tests.recipes.finetune_args import CHUNK_WARMUP, train_argv
 
 
 @pytest.fixture(scope="session")
@@ -23,8 +23,8 @@ CHUNKED = ["--attention_type=RelPosMHAXL", "--chunk_training=True", "--chunk_pro
 @pytest.fixture(scope="session")
 def chunk_trained(speech_shards, tokenizer_file, tmp_path_factory):
     """``(experiment, [(training?, chunk config) per forward pass])`` of a tiny model trained 3 epochs with
-    every batch chunked; its CTC blank made 4 nats less likely afterwards, so that greedy CTC says
-    something (equal empty hypotheses would prove nothing)."""
+    every batch after the first ``CHUNK_WARMUP`` updates chunked; its CTC blank made 4 nats less likely
+    afterwards, so that greedy CTC says something (equal empty hypotheses would prove nothing)."""
     exp = tmp_path_factory.mktemp("chunk_trained") / "exp"
     calls, forward = [], SpeechEncoderDecoder.forward
 
@@ -36,7 +36,7 @@ def chunk_trained(speech_shards, tokenizer_file, tmp_path_factory):
     with pytest.MonkeyPatch.context() as patch:
         patch.setattr(SpeechEncoderDecoder, "forward", spy)
         train.main(train_argv(speech_shards, tokenizer_file, exp, "--number_of_epochs=3", "--lr_peak=0.005",
-                              *CHUNKED))
+                              *CHUNKED, f"--chunk_warmup_steps={CHUNK_WARMUP}"))
     state = torch.load(exp / "averaged.ckpt", map_location="cpu")
     state["model"]["ctc_lin.w.bias"][0] -= 4.0
     torch.save(state, exp / "averaged.ckpt")

@@ -11,7 +11,7 @@ from speechbrain.utils.dynamic_chunk_training import DynChunkTrainConfig
 
 from common.user_errors import UserError
 from recipes.finetune import train, transcribe
-from tests.recipes.finetune_args import REPO, train_argv
+from tests.recipes.finetune_args import CHUNK_WARMUP, REPO, train_argv
 from tests.recipes.test_transcribe import manifest_with_absolute_paths, printed
 
 
@@ -22,11 +22,14 @@ def test_files(speech_corpus, tmp_path_factory):
 
 
 def test_every_training_batch_draws_a_chunk_configuration_and_evaluation_none(chunk_trained):
-    """With chunk_training on (chunk_prob 1), each training pass encodes under a DynChunkTrainConfig drawn
-    from the configured ranges (chunks of 2-4 frames, left context 1-2 chunks or unlimited, both seen), and
-    validation and test encode with full context; the run trains to its test stage."""
+    """With chunk_training on (chunk_prob 1), the first chunk_warmup_steps updates encode with full context,
+    then each training pass under a DynChunkTrainConfig drawn from the configured ranges (chunks of 2-4
+    frames, left context 1-2 chunks or unlimited, both seen), and validation and test encode with full
+    context; the run trains to its test stage."""
     exp, calls = chunk_trained
-    drawn = [config for training, config in calls if training]
+    trained = [config for training, config in calls if training]
+    warmup, drawn = trained[:CHUNK_WARMUP], trained[CHUNK_WARMUP:]
+    assert warmup == [None] * CHUNK_WARMUP
     assert drawn and all(isinstance(c, DynChunkTrainConfig) and 2 <= c.chunk_size <= 4 for c in drawn)
     lefts = {c.left_context_size for c in drawn}
     assert None in lefts and lefts - {None} <= {1, 2} and lefts - {None}
