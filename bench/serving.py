@@ -7,8 +7,9 @@
 Rows: offline greedy CTC and joint CTC/attention beam search (torch), streaming greedy CTC and streaming
 CTC prefix beam with attention rescoring at each chunk size (torch, transcribe.py --stream's recognizers,
 common/streaming.py; skipped, with the reason, for a model that cannot stream) and, on onnxruntime,
-offline greedy CTC and CTC prefix beam rescored by the decoder (onnx_transcribe.py; the ``export.py
---onnx`` folder ``--onnx_dir``, or one exported to a temporary folder). Every row decodes the same
+offline greedy CTC, CTC prefix beam rescored by the decoder and streaming greedy CTC at each chunk size
+(onnx_transcribe.py; the ``export.py --onnx`` folder ``--onnx_dir``, or one exported to a temporary
+folder). Every row decodes the same
 recordings (read once, through the shards' Opus pass, as ``transcribe.py`` reads them) one at a time,
 with torch and onnxruntime held to the row's thread count.
 
@@ -146,18 +147,32 @@ def first_words(trained, waveforms):
     return words
 
 
-def decode_streaming(trained, waveforms, words, chunk_ms, args, search):
-    """``(texts, seconds, extra)``: each recording fed in ``chunk_ms`` pieces as if played in real time to
-    transcribe.py's recognizer of ``search`` (``ctc_greedy``, or ``beam``: CTC prefix beam with attention
-    rescoring); ``extra`` holds the mean compute time per chunk and the mean first-partial and final
-    latencies (ms, see the module's docstring; ``words`` from ``first_words``)."""
+def torch_recognizers(trained, chunk_ms, args, search):
+    """``(make, text)`` of transcribe.py's streaming recognizer of ``search`` (``ctc_greedy``, or ``beam``:
+    CTC prefix beam with attention rescoring) at ``chunk_ms``: a factory and the recognizer's text."""
     frames = max(1, round(chunk_ms / 1000 * trained.model.frames_per_second()))
-    piece = int(round(chunk_ms / 1000 * SAMPLE_RATE))
     options = argparse.Namespace(ctc_greedy=search == "ctc_greedy", left_chunks=args.left_chunks, beam=args.beam,
                                  endpoint_ms=args.endpoint_ms)
+    return (lambda: transcribe.make_recognizer(trained, frames, options),
+            lambda recognizer: transcribe.recognized_text(recognizer, trained.tokenizer.processor.decode))
+
+
+def onnx_recognizers(runtime, chunk_ms, args):
+    """``(make, text)`` of onnx_transcribe.py's streaming greedy recognizer at ``chunk_ms``."""
+    return (lambda: runtime.streaming_recognizer(chunk_ms, args.left_chunks),
+            lambda recognizer: onnx_transcribe.detokenize(recognizer.ids, runtime.config["tokens"]))
+
+
+def decode_streaming(recognizers, waveforms, words, chunk_ms):
+    """``(texts, seconds, extra)``: each recording fed in ``chunk_ms`` pieces as if played in real time to a
+    recognizer of ``recognizers`` (``(make, text)``); ``extra`` holds the mean compute time per chunk and
+    the mean first-partial and final latencies (ms, see the module's docstring; ``words`` from
+    ``first_words``)."""
+    make, text_of = recognizers
+    piece = int(round(chunk_ms / 1000 * SAMPLE_RATE))
     texts, chunk_times, first_partials, finals = [], [], [], []
     for waveform, word in zip(waveforms, words):
-        recognizer, clock, first_partial = transcribe.make_recognizer(trained, frames, options), 0.0, None
+        recognizer, clock, first_partial = make(), 0.0, None
         pushes = [(waveform[start:start + piece], min(len(waveform), start + piece) / SAMPLE_RATE, False)
                   for start in range(0, len(waveform), piece)]
         for samples, arrival, final in pushes + [(np.zeros(0, dtype=np.float32), len(waveform) / SAMPLE_RATE, True)]:
@@ -171,7 +186,7 @@ def decode_streaming(trained, waveforms, words, chunk_ms, args, search):
         if first_partial is not None:
             first_partials.append(first_partial)
         finals.append(clock - len(waveform) / SAMPLE_RATE)
-        texts.append(transcribe.recognized_text(recognizer, trained.tokenizer.processor.decode))
+        texts.append(text_of(recognizer))
     extra = {"chunk_compute_ms": round(1000 * float(np.mean(chunk_times)), 1),
              "first_partial_latency_ms": round(1000 * float(np.mean(first_partials)), 1) if first_partials else None,
              "first_partial_utterances": len(first_partials),
@@ -206,7 +221,8 @@ def measure(trained, entries, waveforms, args, onnx_dir):
             rows.append(row(f"torch offline {search}", threads, entries, texts, seconds, audio_s))
         offline = {"ctc_greedy": rows[-2], "beam": rows[-1]}
         for search, chunk_ms in itertools.product(args.stream_searches, chunks_ms):
-            texts, seconds, extra = decode_streaming(trained, waveforms, words, chunk_ms, args, search)
+            texts, seconds, extra = decode_streaming(torch_recognizers(trained, chunk_ms, args, search), waveforms,
+                                                     words, chunk_ms)
             rows.append(row(f"torch streaming {search} {chunk_ms:.0f} ms", threads, entries, texts, seconds, audio_s,
                             **extra))
             rows[-1]["wer_vs_offline"] = wer_ratio(rows[-1], offline[search], refs)
@@ -214,6 +230,13 @@ def measure(trained, entries, waveforms, args, onnx_dir):
         rows.append(row("onnxruntime offline ctc_greedy", threads, entries, texts, seconds, audio_s))
         texts, seconds = decode_onnx(onnx_dir, waveforms, threads, args.beam or trained.settings["beam_size"])
         rows.append(row("onnxruntime offline prefix beam + rescoring", threads, entries, texts, seconds, audio_s))
+        runtime = onnx_transcribe.OnnxTranscriber(onnx_dir, threads)
+        for chunk_ms in chunks_ms if "ctc_greedy" in args.stream_searches else []:
+            texts, seconds, extra = decode_streaming(onnx_recognizers(runtime, chunk_ms, args), waveforms, words,
+                                                     chunk_ms)
+            rows.append(row(f"onnxruntime streaming ctc_greedy {chunk_ms:.0f} ms", threads, entries, texts, seconds,
+                            audio_s, **extra))
+            rows[-1]["wer_vs_offline"] = wer_ratio(rows[-1], offline["ctc_greedy"], refs)
         logger.info("%d thread(s) measured", threads)
     return rows, audio_s
 

@@ -117,9 +117,7 @@ class StreamingFrontEnd:
         raw = self.model.compute_features(window)
         first = start // self.hop  # the Fbank frame at the window's start
         exact = first if start == 0 else first + -(-self.half_window // self.hop)
-        count, total_sum, squares = self.sums[exact - self.sums_base]
-        feats = torch.zeros_like(raw)
-        feats[:, exact - first:] = self.model.normalize.causal(raw[:, exact - first:], (count, total_sum, squares))
+        feats = self.model.normalize.causal(raw, self.sums[exact - self.sums_base], first=exact - first)
         known = self.sums_base + len(self.sums) - 1  # frames counted so far
         last = first + raw.shape[1] if final else max(known, (total - self.half_window) // self.hop + 1)  # complete
         for frame in raw[0, known - first:last - first].double():

@@ -42,17 +42,20 @@ class Normalization(InputNormalization):
             self._update_global_stats(x, make_padding_mask(x, lengths, length_dim=1))
         return self.causal(x)
 
-    def causal(self, x, history=None):
+    def causal(self, x, history=None, first=0):
         """``x`` [batch, frames, bins] normalized by each bin's mean / std over the frames up to each one,
         after ``history`` ``(count, sum, sum of squares)`` of the frames before ``x`` (None: ``x`` starts
         the recording) and the corpus statistics as ``PRIOR_FRAMES`` frames. Padding after a row's end
-        does not change its frames (the statistics only look back)."""
+        does not change its frames (the statistics only look back). Frames before index ``first`` (an int
+        or a 0-d tensor: a streamed window's frames whose audio is not all there) are not counted and come
+        out as zeros; the others come out as if ``x`` started at ``first``."""
         mean, var = self.glob_mean.to(x.device).double(), self.glob_std.to(x.device).double().square()
         count, total, squares = PRIOR_FRAMES, PRIOR_FRAMES * mean, PRIOR_FRAMES * (var + mean.square())
         if history is not None:
             count, total, squares = count + history[0], total + history[1], squares + history[2]
-        x64 = x.double()
-        counts = count + torch.arange(1, x.shape[1] + 1, device=x.device, dtype=torch.float64)[None, :, None]
+        kept = (torch.arange(x.shape[1], device=x.device) >= first)[None, :, None].double()
+        x64 = x.double() * kept  # zeros add nothing to the sums below
+        counts = count + kept.cumsum(dim=1)
         running_mean = (total + x64.cumsum(dim=1)) / counts
         running_var = (squares + x64.square().cumsum(dim=1)) / counts - running_mean.square()
-        return ((x64 - running_mean) / running_var.clamp(min=self.epsilon).sqrt()).to(x.dtype)
+        return ((x64 - running_mean) / running_var.clamp(min=self.epsilon).sqrt() * kept).to(x.dtype)

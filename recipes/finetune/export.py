@@ -27,7 +27,8 @@ its hypotheses equal ``transcribe.py``'s at every sample rate::
                         savedir="pretrained/demo_asr")
 
 ``--onnx`` also writes ``encoder.onnx``, ``decoder.onnx`` and ``onnx_config.json`` (common/onnx_export.py) for
-``recipes/finetune/onnx_transcribe.py``, which needs numpy, soundfile and onnxruntime only.
+``recipes/finetune/onnx_transcribe.py``, which needs numpy, soundfile and onnxruntime only; for a model that
+streams, ``stream_front_end.onnx`` and ``stream_encoder.onnx`` too (``onnx_transcribe.py --stream``).
 """
 
 import argparse
@@ -301,6 +302,12 @@ onnxruntime`): greedy CTC, or with `--beam N` a CTC prefix beam search whose n-b
 rescores (no LM):
 
     python recipes/finetune/onnx_transcribe.py {out_dir} recording.wav [--beam 8]
+
+When the folder holds `stream_front_end.onnx` and `stream_encoder.onnx` (a model that streams), `--stream`
+decodes greedy CTC chunk by chunk, the encoder's state carried across chunks, partial hypotheses on
+stderr; `-` reads raw 16-bit PCM at 16 kHz from stdin:
+
+    arecord -f S16_LE -r 16000 -c 1 | python recipes/finetune/onnx_transcribe.py {out_dir} - --stream --chunk_ms 640
 """
 
 

@@ -2,6 +2,7 @@
 """Transcribe recordings with an ONNX export (``export.py EXP OUT --onnx``), without the training stack.
 
     python recipes/finetune/onnx_transcribe.py exported/demo_asr a.wav b.flac recordings/
+    python recipes/finetune/onnx_transcribe.py exported/demo_asr recordings/ --stream --chunk_ms 640
     python recipes/finetune/onnx_transcribe.py exported/demo_asr recordings/ --threads 2 --beam 8
 
 Needs numpy, soundfile and onnxruntime only (no torch, SpeechBrain, SentencePiece or Tandem): this file
@@ -11,9 +12,12 @@ recursively). Each recording is read as ``transcribe.py`` reads it (channels ave
 model's rate with SciPy's ``resample_poly`` filter, then coded and decoded with Opus as the training
 shards were; ``--raw_audio``: not), cut at its quietest moments when longer than the model was trained
 on, and decoded with greedy CTC (as ``transcribe.py --ctc_greedy --max_batch_size 1`` does for the same
-model) or, with ``--beam N``, SpeechBrain's CTC prefix beam search (ported to numpy) whose n-best the
-exported attention decoder rescores with the experiment's CTC weight (as ``transcribe.py --stream``
-rescores a segment; the LM is not exported). Prints ``key<TAB>hypothesis`` per recording in input order.
+model), or, with ``--stream``, greedy CTC chunk by chunk as ``transcribe.py --stream --ctc_greedy`` decodes
+(the exported streaming graphs, the encoder's state carried across chunks of ``--chunk_ms``; partial
+hypotheses to stderr; ``-`` reads raw 16-bit PCM from stdin), or, with ``--beam N``, SpeechBrain's CTC
+prefix beam search (ported to numpy) whose n-best the exported attention decoder rescores with the
+experiment's CTC weight (as ``transcribe.py --stream`` rescores a segment; the LM is not exported).
+Prints ``key<TAB>hypothesis`` per recording in input order.
 
 The parts that ``transcribe.py`` takes from SciPy, SentencePiece and Tandem (the resampling filter,
 the Fbank's STFT, cutting at silences, piece-to-text) are written here in numpy;
@@ -36,6 +40,8 @@ import soundfile as sf
 logger = logging.getLogger("onnx_transcribe")
 
 CONFIG_FILE, ENCODER_FILE, DECODER_FILE = "onnx_config.json", "encoder.onnx", "decoder.onnx"  # export.py --onnx
+FRONT_END_FILE, STEP_FILE = "stream_front_end.onnx", "stream_encoder.onnx"  # export.py --onnx, a streaming model
+STDIN = "-"
 AUDIO_EXTENSIONS = (".wav", ".flac", ".ogg", ".opus", ".mp3", ".sph", ".aiff", ".aif")
 KAISER_BETA = 5.0  # scipy.signal.resample_poly's default window, ('kaiser', 5.0)
 
@@ -50,7 +56,19 @@ def parse_args(argv):
                         "the attention decoder (as transcribe.py --stream; no LM); 0: greedy CTC")
     parser.add_argument("--raw_audio", action="store_true",
                         help="decode the audio as it is, without the training shards' Opus pass")
-    return parser.parse_args(argv)
+    parser.add_argument("--stream", action="store_true", help="greedy CTC chunk by chunk, the encoder's state "
+                        "carried across chunks (as transcribe.py --stream --ctc_greedy); partial hypotheses go "
+                        "to stderr; INPUT '-' reads raw 16-bit PCM, mono at the model's rate, from stdin")
+    parser.add_argument("--chunk_ms", type=float, default=640.0, help="--stream: audio per chunk (rounded to "
+                        "whole encoder frames)")
+    parser.add_argument("--left_chunks", type=int, default=16, help="--stream: chunks of past context each "
+                        "chunk attends to")
+    args = parser.parse_args(argv)
+    if args.stream and args.beam:
+        parser.error("--stream decodes with greedy CTC here; for the streaming beam use transcribe.py --stream")
+    if STDIN in args.inputs and not args.stream:
+        parser.error("INPUT '-' (raw PCM on stdin) needs --stream")
+    return args
 
 
 def lowpass_filter(up, down):
@@ -230,10 +248,35 @@ class OnnxTranscriber:
         self.decoder = None  # exports before the decoder was exported decode greedily only
         if os.path.isfile(decoder_path) and "decoding" in self.config:
             self.decoder = onnxruntime.InferenceSession(decoder_path, options, providers=["CPUExecutionProvider"])
+        self.model_dir, self.front_end, self.step = model_dir, None, None  # the streaming graphs, when exported
+        if "streaming" in self.config:
+            self.front_end, self.step = (onnxruntime.InferenceSession(os.path.join(model_dir, name), options,
+                                                                      providers=["CPUExecutionProvider"])
+                                         for name in (FRONT_END_FILE, STEP_FILE))
 
     @property
     def sample_rate(self):
         return self.config["features"]["sample_rate"]
+
+    def streaming_recognizer(self, chunk_ms, left_chunks):
+        """A fresh ``StreamingRecognizer`` of chunks of ``chunk_ms`` (whole encoder frames, at least one)."""
+        if self.step is None:
+            raise ValueError(f"{self.model_dir} holds no streaming graphs: the model was not trained to stream "
+                             "(chunk_training: True, attention_type: RelPosMHAXL, normalize_type: causal, global "
+                             "or frame) or was exported before export.py --onnx wrote them")
+        frames = max(1, round(chunk_ms / self.config["streaming"]["frame_ms"]))
+        return StreamingRecognizer(self, frames, left_chunks)
+
+    def stream(self, key, pieces, chunk_ms, left_chunks):
+        """The greedy text of one recording fed piece by piece; each change goes to stderr as
+        ``partial<TAB>key<TAB>text``."""
+        recognizer = self.streaming_recognizer(chunk_ms, left_chunks)
+        for piece in pieces:
+            if recognizer.push(piece):
+                print(f"partial\t{key}\t{detokenize(recognizer.ids, self.config['tokens'])}", file=sys.stderr,
+                      flush=True)
+        recognizer.push(np.zeros(0, dtype=np.float32), final=True)
+        return detokenize(recognizer.ids, self.config["tokens"])
 
     def encode(self, samples):
         """(CTC log-probabilities [frames, vocab], encoder states [1, frames, d_model]) of one piece."""
@@ -287,6 +330,116 @@ class OnnxTranscriber:
         return " ".join(text for text in texts if text)
 
 
+class StreamingFrontEnd:
+    """``common.streaming.StreamingFrontEnd`` in numpy around ``stream_front_end.onnx``: waveform pieces
+    → front-end frames [1, frames, channels, bins], each emitted once, as soon as the audio it depends
+    on (``radius`` samples each side) has arrived; each window is the new audio plus ``margin`` samples
+    before it. With causal statistics it carries the sums of every Fbank frame once its samples are in."""
+
+    def __init__(self, session, features, settings):
+        self.session, self.features, self.settings = session, features, settings
+        self.stride, self.radius = settings["stride"], settings["radius"]
+        self.margin = -(-self.radius // self.stride) * self.stride
+        self.samples, self.first_sample, self.emitted = np.zeros(0, dtype=np.float32), 0, 0
+        n_mels = session.get_inputs()[3].shape[0] if settings["causal"] else 0
+        self.sums, self.sums_base = [(0.0, np.zeros(n_mels), np.zeros(n_mels))], 0
+
+    def push(self, samples, final=False):
+        """The frames made complete by ``samples`` (float32, 1-D); with ``final``, all that remain."""
+        self.samples = np.concatenate([self.samples, np.asarray(samples, dtype=np.float32)])
+        total = self.first_sample + len(self.samples)
+        complete = max(0, (total - 1 - self.radius) // self.stride + 1)
+        if total == 0 or (complete <= self.emitted and not final):
+            return None
+        start = max(0, self.emitted * self.stride - self.margin)
+        power = power_spectrum(self.samples[start - self.first_sample:], self.features)[None]
+        if self.settings["causal"]:
+            frames = self.causal_frames(power, start, total, final)
+        else:
+            frames = self.session.run(["frames"], {"power_spectrum": power})[0]
+        offset = start // self.stride
+        last = offset + frames.shape[1] if final else complete
+        out = frames[:, self.emitted - offset:last - offset]
+        self.emitted = last
+        keep_from = max(0, self.emitted * self.stride - self.margin)
+        self.samples, self.first_sample = self.samples[keep_from - self.first_sample:], keep_from
+        return out if out.shape[1] else None
+
+    def causal_frames(self, power, start, total, final):
+        """The window's front-end frames, its Fbank frames normalized with the sums of the frames before
+        its first exact one (whose STFT window lies inside the audio kept); complete frames join the sums."""
+        hop, half_window = self.settings["hop"], self.settings["half_window"]
+        first = start // hop
+        exact = first if start == 0 else first + -(-half_window // hop)
+        count, total_sum, squares = self.sums[exact - self.sums_base]
+        frames, raw = self.session.run(["frames", "fbank"], {
+            "power_spectrum": power, "first": np.array(exact - first, dtype=np.int64),
+            "count": np.array(count, dtype=np.float64), "total": total_sum, "squares": squares})
+        known = self.sums_base + len(self.sums) - 1  # frames counted so far
+        last = first + raw.shape[1] if final else max(known, (total - half_window) // hop + 1)
+        for frame in raw[0, known - first:last - first].astype(np.float64):
+            count, total_sum, squares = self.sums[-1]
+            self.sums.append((count + 1, total_sum + frame, squares + frame * frame))
+        keep = max(0, first - self.sums_base)
+        self.sums, self.sums_base = self.sums[keep:], self.sums_base + keep
+        return frames
+
+
+class StreamingRecognizer:
+    """Greedy CTC on audio pieces (``common.streaming.StreamingRecognizer`` on onnxruntime): front-end
+    frames gathered into chunks of ``chunk_frames``, each through ``stream_encoder.onnx`` with every
+    layer's context of the ``left_chunks`` chunks before it. ``ids``: the hypothesis so far."""
+
+    def __init__(self, transcriber, chunk_frames, left_chunks):
+        self.transcriber, self.chunk_frames = transcriber, chunk_frames
+        self.context_frames = left_chunks * chunk_frames
+        self.front_end = StreamingFrontEnd(transcriber.front_end, transcriber.config["features"],
+                                           transcriber.config["streaming"])
+        layers, _, _, d_model = transcriber.step.get_inputs()[1].shape
+        self.attention_context = np.zeros((layers, 1, 0, d_model), dtype=np.float32)
+        self.conv_context = np.zeros((layers, 1, 0, d_model), dtype=np.float32)
+        self.pending = None  # front-end frames waiting for a full chunk
+        self.blank = transcriber.config["tokens"]["blank_id"]
+        self.ids, self.previous = [], self.blank
+
+    def push(self, samples, final=False):
+        """Feed ``samples``; with ``final``, the recording ends and its last, shorter chunk is decoded.
+        Returns whether the hypothesis changed."""
+        frames = self.front_end.push(samples, final)
+        if frames is not None:
+            self.pending = frames if self.pending is None else np.concatenate([self.pending, frames], axis=1)
+        before = len(self.ids)
+        while self.pending is not None and (self.pending.shape[1] >= self.chunk_frames or final):
+            chunk, rest = self.pending[:, :self.chunk_frames], self.pending[:, self.chunk_frames:]
+            self.pending = rest if rest.shape[1] else None
+            self.decode_chunk(np.ascontiguousarray(chunk))
+        return len(self.ids) != before
+
+    def decode_chunk(self, frames):
+        log_probs, _, attention_inputs, self.conv_context = self.transcriber.step.run(None, {
+            "frames": frames, "attention_context": self.attention_context, "conv_context": self.conv_context})
+        kept = attention_inputs.shape[2] - min(self.context_frames, attention_inputs.shape[2])
+        self.attention_context = np.ascontiguousarray(attention_inputs[:, :, kept:])
+        for token in log_probs[0].argmax(axis=-1).tolist():
+            if token != self.previous and token != self.blank:
+                self.ids.append(token)
+            self.previous = token
+
+
+def pcm_pieces(stream, piece_samples):
+    """Float32 pieces of raw 16-bit little-endian PCM read from a binary ``stream`` until it closes (the
+    last piece shorter; an odd byte left at the end is dropped)."""
+    carry = b""
+    while data := stream.read(piece_samples * 2):
+        data = carry + data
+        usable = len(data) - len(data) % 2
+        carry = data[usable:]
+        if usable:
+            yield np.frombuffer(data[:usable], dtype="<i2").astype(np.float32) / 32768.0
+    if carry:
+        logger.warning("stdin ended in the middle of a 16-bit sample: its last byte was dropped")
+
+
 def audio_files(inputs):
     """``[(key, path)]`` of the inputs: files as given, folders' audio files sorted, recursively."""
     found = []
@@ -303,17 +456,39 @@ def main(argv):
     logging.basicConfig(level=logging.INFO, format="%(levelname)s %(name)s: %(message)s", stream=sys.stderr)
     args = parse_args(argv)
     transcriber = OnnxTranscriber(args.model_dir, args.threads)
+    if args.stream and transcriber.step is None:
+        logger.error("--stream: %s holds no %s / %s: export a model that streams (chunk_training: True, "
+                     "attention_type: RelPosMHAXL, normalize_type: causal, global or frame) with "
+                     "recipes/finetune/export.py EXP OUT --onnx", args.model_dir, FRONT_END_FILE, STEP_FILE)
+        return 2
+    piece_samples = int(round(args.chunk_ms / 1000 * transcriber.sample_rate))
+    inputs = [path for path in args.inputs if path != STDIN]
     done = skipped = 0
-    for key, path in audio_files(args.inputs):
+    for key, path in audio_files(inputs) + ([("stdin", STDIN)] if STDIN in args.inputs else []):
+        if path == STDIN:
+            text = transcriber.stream(key, pcm_pieces(sys.stdin.buffer, piece_samples), args.chunk_ms,
+                                      args.left_chunks)
+        else:
+            try:
+                samples = read_recording(path, transcriber.sample_rate, through_opus=not args.raw_audio)
+            except (OSError, RuntimeError, ValueError, sf.LibsndfileError) as error:
+                logger.warning("skipped %s (%s): %s", key, path, error)
+                skipped += 1
+                continue
+            if args.stream:
+                pieces = (samples[start:start + piece_samples] for start in range(0, len(samples), piece_samples))
+                text = transcriber.stream(key, pieces, args.chunk_ms, args.left_chunks)
+            else:
+                text = transcriber.transcribe(samples, args.beam)
         try:
-            samples = read_recording(path, transcriber.sample_rate, through_opus=not args.raw_audio)
-        except (OSError, RuntimeError, ValueError, sf.LibsndfileError) as error:
-            logger.warning("skipped %s (%s): %s", key, path, error)
-            skipped += 1
-            continue
-        print(f"{key}\t{transcriber.transcribe(samples, args.beam)}", flush=True)
+            print(f"{key}\t{text}", flush=True)
+        except BrokenPipeError:  # the reader went away (``| head -1``): no one reads the other lines
+            os.dup2(os.open(os.devnull, os.O_WRONLY), sys.stdout.fileno())
+            logger.warning("standard output was closed: stopped after %s", key)
+            break
         done += 1
-    search = f"CTC prefix beam {args.beam} + attention rescoring" if args.beam else "greedy CTC"
+    search = ("streaming greedy CTC" if args.stream else
+              f"CTC prefix beam {args.beam} + attention rescoring" if args.beam else "greedy CTC")
     logger.info("transcribed %d recording(s) with %s on onnxruntime; skipped %d", done, search, skipped)
     return 0 if done else 1
 

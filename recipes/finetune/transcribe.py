@@ -26,7 +26,8 @@ recording's segments, joined, to stdout as without ``--stream``. ``--ctc_greedy`
 instead (no rescoring, no endpoints). ``-`` as INPUT reads raw 16-bit
 little-endian PCM, mono at 16 kHz, from stdin until it closes (``arecord -f S16_LE -r 16000 -c 1 |
 transcribe.py EXP - --stream``), without the Opus pass. Streaming wants a model trained with
-``chunk_training: True``, ``attention_type: RelPosMHAXL`` and ``normalize_type: global`` or ``frame``.
+``chunk_training: True``, ``attention_type: RelPosMHAXL`` and ``normalize_type: causal``, ``global`` or
+``frame``.
 
 Unreadable recordings are named, skipped and counted; the exit status is 1 only when nothing could
 be transcribed.
@@ -55,6 +56,7 @@ from common.inference import length_batches, load_trained, split_at_silences
 from common.metrics import TranscriptMetrics
 from common.streaming import Endpointer, StreamingBeamRecognizer, StreamingRecognizer
 from common.user_errors import UserError, run_command
+from recipes.finetune.onnx_transcribe import pcm_pieces  # the standalone runtime reads stdin the same way
 
 logger = logging.getLogger("transcribe")
 STDIN = "-"  # INPUT naming raw PCM on standard input (--stream)
@@ -212,20 +214,6 @@ def recognized_text(recognizer, decode):
 def chunk_pieces(waveform, piece_samples):
     """``waveform`` cut into consecutive pieces of ``piece_samples`` (the last one shorter)."""
     return (waveform[start:start + piece_samples] for start in range(0, len(waveform), piece_samples))
-
-
-def pcm_pieces(stream, piece_samples):
-    """Float32 pieces of raw 16-bit little-endian PCM read from a binary ``stream`` until it closes (the
-    last piece shorter; an odd byte left at the end is dropped)."""
-    carry = b""
-    while data := stream.read(piece_samples * 2):
-        data = carry + data
-        usable = len(data) - len(data) % 2
-        carry = data[usable:]
-        if usable:
-            yield np.frombuffer(data[:usable], dtype="<i2").astype(np.float32) / 32768.0
-    if carry:
-        logger.warning("stdin ended in the middle of a 16-bit sample: its last byte was dropped")
 
 
 def stream_inputs(trained, entries, args):

@@ -70,7 +70,8 @@ def test_the_speechbrain_export_names_speechbrains_normalizer_and_refuses_frame(
 def test_causal_statistics_look_back_only_and_carry_across_pieces():
     """norm_type causal: frame t is normalized by each bin's mean / std over the corpus prior (100 frames)
     and frames 0..t, computed here by hand; normalizing the second half with the first half's sums as
-    history equals normalizing the whole; padding after a row changes none of its frames."""
+    history equals normalizing the whole, and so does a window whose leading frames ``first`` leaves out;
+    padding after a row changes none of its frames."""
     torch.manual_seed(0)
     x = torch.randn(1, 60, 4) * 3 + 5
     causal = Normalization("causal")
@@ -89,3 +90,8 @@ def test_causal_statistics_look_back_only_and_carry_across_pieces():
                           atol=1e-5)
     padded = torch.cat([x, torch.zeros(1, 20, 4)], dim=1)
     assert torch.allclose(causal(padded, torch.tensor([60 / 80]))[:, :60], out)
+    # first=k (a streamed window whose first frames are not exact): those come out zero and uncounted
+    windowed = causal.causal(torch.cat([torch.full((1, 7, 4), 99.0), x[:, 25:]], dim=1), history,
+                             first=torch.tensor(7))
+    assert torch.equal(windowed[:, :7], torch.zeros(1, 7, 4))
+    assert torch.allclose(windowed[:, 7:], out[:, 25:], atol=1e-5)

@@ -7,12 +7,12 @@ from bench import serving, stats
 
 def test_serving_bench_measures_every_row_on_each_thread_count(chunk_trained, speech_corpus, capsys, tmp_path):
     """One thread count, two chunk sizes: the offline greedy / beam, streaming (greedy and beam + rescoring)
-    and onnxruntime rows are all there with WER inside its interval, CER and a positive real-time factor;
-    the streaming greedy row with a chunk
-    covering every recording scores as offline greedy (WER ratio 1) and gives its first word only at the
-    end of the audio (first-partial latency past the word's end), onnxruntime's greedy scores as torch's
-    (same hypotheses), and 320 ms streaming has a positive final latency and a WER ratio to offline; the
-    hypotheses written by --hyps_dir score as the row."""
+    and onnxruntime rows (offline and streaming) are all there with WER inside its interval, CER and a
+    positive real-time factor; the streaming greedy row with a chunk covering every recording scores as
+    offline greedy (WER ratio 1) and gives its first word only at the end of the audio (first-partial
+    latency past the word's end), onnxruntime's greedy scores as torch's (same hypotheses), and so do its
+    streaming rows torch's streaming greedy ones, and 320 ms streaming has a positive final latency and a
+    WER ratio to offline; the hypotheses written by --hyps_dir score as the row."""
     exp, _ = chunk_trained
     assert serving.main([str(exp), str(speech_corpus / "test.jsonl"), "--threads", "1",
                          "--chunks_ms", "60000", "320", "--json", "--hyps_dir", str(tmp_path)]) == 0
@@ -22,7 +22,8 @@ def test_serving_bench_measures_every_row_on_each_thread_count(chunk_trained, sp
     assert set(rows) == {"torch offline ctc_greedy", "torch offline beam", "onnxruntime offline ctc_greedy",
                          "onnxruntime offline prefix beam + rescoring",
                          *(f"torch streaming {search} {chunk} ms" for search in ("ctc_greedy", "beam")
-                           for chunk in (60000, 320))}
+                           for chunk in (60000, 320)),
+                         *(f"onnxruntime streaming ctc_greedy {chunk} ms" for chunk in (60000, 320))}
     assert all(r["rtf"] > 0 and 0 <= r["cer"] and r["threads"] == 1 for r in rows.values())
     assert all(r["wer_interval"][0] <= r["wer"] <= r["wer_interval"][1] for r in rows.values())
     greedy, whole = rows["torch offline ctc_greedy"], rows["torch streaming ctc_greedy 60000 ms"]
@@ -32,6 +33,12 @@ def test_serving_bench_measures_every_row_on_each_thread_count(chunk_trained, sp
     assert whole["first_partial_utterances"] > 0 and whole["first_partial_latency_ms"] > 0
     onnx = rows["onnxruntime offline ctc_greedy"]
     assert (onnx["wer"], onnx["cer"]) == (greedy["wer"], greedy["cer"])
+    for chunk in (60000, 320):  # the ONNX streaming graphs decode as the torch recognizer
+        torch_row = rows[f"torch streaming ctc_greedy {chunk} ms"]
+        onnx_row = rows[f"onnxruntime streaming ctc_greedy {chunk} ms"]
+        assert (onnx_row["wer"], onnx_row["cer"], onnx_row["wer_vs_offline"]) == (
+            torch_row["wer"], torch_row["cer"], torch_row["wer_vs_offline"])
+        assert onnx_row["final_latency_ms"] > 0 and onnx_row["chunk_compute_ms"] > 0
     for search in ("ctc_greedy", "beam"):
         streamed = rows[f"torch streaming {search} 320 ms"]
         assert streamed["final_latency_ms"] > 0 and len(streamed["wer_vs_offline"]) == 3

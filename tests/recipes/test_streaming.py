@@ -1,6 +1,8 @@
 """Dynamic chunk training (chunk_training: True) and transcribe.py --stream on a tiny trained model."""
 
+import json
 import os
+import shutil
 import subprocess
 import sys
 
@@ -10,8 +12,9 @@ import soundfile as sf
 from speechbrain.utils.dynamic_chunk_training import DynChunkTrainConfig
 
 from common.user_errors import UserError
-from recipes.finetune import train, transcribe
+from recipes.finetune import export, onnx_transcribe, train, transcribe
 from tests.recipes.finetune_args import CHUNK_WARMUP, REPO, train_argv
+from tests.recipes.test_onnx_export import FORBIDDEN, isolated_python
 from tests.recipes.test_transcribe import manifest_with_absolute_paths, printed
 
 
@@ -131,3 +134,67 @@ def test_pcm_pieces_are_the_samples_in_order_whatever_the_reads():
     pieces = list(transcribe.pcm_pieces(io.BytesIO(values.tobytes()), 300))
     assert [len(p) for p in pieces[:-1]] == [300] * (len(pieces) - 1) and 0 < len(pieces[-1]) <= 300
     assert np.array_equal(np.concatenate(pieces), values.astype(np.float32) / 32768.0)
+
+
+@pytest.fixture(scope="module")
+def exported_stream(chunk_trained, tmp_path_factory):
+    """The chunk-trained experiment exported with --onnx (a model that streams gets the streaming graphs)."""
+    out = tmp_path_factory.mktemp("exported_stream") / "model"
+    assert export.main([str(chunk_trained[0]), str(out), "--onnx"]) == 0
+    return out
+
+
+def partial_lines(err):
+    return [line for line in err.splitlines() if line.startswith("partial\t")]
+
+
+@pytest.mark.parametrize("chunk_ms,left_chunks", [(320, 1), (640, 16), (200, 0)])
+def test_onnx_streaming_prints_what_torch_streaming_prints(chunk_trained, exported_stream, test_files, capsys,
+                                                           chunk_ms, left_chunks):
+    """onnx_transcribe.py --stream (the exported front end and encoder step driven by numpy, every layer's
+    context carried as tensors) prints transcribe.py --stream --ctc_greedy's final lines and the same
+    partial hypotheses in the same order, for chunk sizes that do not divide the recordings and for no left
+    context at all; the hypotheses are not all empty."""
+    assert {"stream_front_end.onnx", "stream_encoder.onnx"} <= set(os.listdir(exported_stream))
+    options = ["--stream", "--chunk_ms", str(chunk_ms), "--left_chunks", str(left_chunks)]
+    assert transcribe.main([str(chunk_trained[0]), *test_files, *options, "--ctc_greedy"]) == 0
+    torch_out = capsys.readouterr()
+    assert onnx_transcribe.main([str(exported_stream), *test_files, *options]) == 0
+    onnx_out = capsys.readouterr()
+    finals = [dict(line.split("\t") for line in out.out.splitlines() if "\t" in line) for out in (torch_out, onnx_out)]
+    assert finals[0] == finals[1] and len(finals[0]) == len(test_files)
+    assert any(text.strip() for text in finals[0].values())
+    assert partial_lines(onnx_out.err) == partial_lines(torch_out.err) and partial_lines(onnx_out.err)
+
+
+def test_onnx_stdin_streaming_runs_without_the_training_stack(exported_stream, test_files, tmp_path):
+    """onnx_transcribe.py, copied out of the repository into a process that cannot import torch,
+    SpeechBrain or the project, reads raw 16-bit PCM on stdin in uneven writes ending inside a chunk and
+    with an odd byte, and prints for it the line it prints for the same samples as a file."""
+    script = shutil.copy(onnx_transcribe.__file__, tmp_path / "onnx_transcribe.py")
+    samples, _ = sf.read(test_files[0], dtype="int16")
+    sf.write(tmp_path / "same.wav", samples, 16000, subtype="PCM_16")
+    command = [*isolated_python(FORBIDDEN), str(script), str(exported_stream), "-", str(tmp_path / "same.wav"),
+               "--stream", "--chunk_ms", "320", "--raw_audio"]
+    process = subprocess.Popen(command, stdin=subprocess.PIPE, stdout=subprocess.PIPE, stderr=subprocess.PIPE,
+                               cwd=tmp_path, env={"PATH": os.environ["PATH"]})
+    data = samples.astype("<i2").tobytes() + b"\x01"
+    assert (len(data) - 1) // 2 % 5120 != 0  # the last 320 ms chunk is partial
+    for start in range(0, len(data), 3001):
+        process.stdin.write(data[start:start + 3001])
+    out, err = process.communicate()
+    assert process.returncode == 0, err.decode()[-3000:]
+    lines = dict(line.split("\t") for line in out.decode().splitlines())
+    assert lines["stdin"] == lines["same"] and "last byte was dropped" in err.decode()
+
+
+def test_onnx_streaming_needs_the_streaming_graphs(exported_stream, test_files, tmp_path, caplog):
+    """An export without the streaming graphs (a model that cannot stream) refuses --stream, naming what
+    to train and export, with exit status 2."""
+    folder = tmp_path / "no_stream"
+    shutil.copytree(exported_stream, folder)
+    config = json.loads((folder / "onnx_config.json").read_text())
+    del config["streaming"]
+    (folder / "onnx_config.json").write_text(json.dumps(config))
+    assert onnx_transcribe.main([str(folder), test_files[0], "--stream"]) == 2
+    assert "chunk_training: True" in caplog.text and "export.py EXP OUT --onnx" in caplog.text
