@@ -222,12 +222,11 @@ def best_prefixes(prefixes, beam_size, beam_prune):
 
 def detokenize(ids, tokens):
     """Token ids → text as SentencePiece decodes them: control pieces dropped, the unknown piece written
-    " ⁇ ", the first piece's leading "▁" removed and every other "▁" read as a space."""
+    " ⁇ ", every "▁" before the first other character removed and every later one read as a space."""
     skip, unknown = set(tokens["control_ids"]), tokens["unk_id"]
     pieces = [" ⁇ " if i == unknown else tokens["pieces"][i] for i in ids if i not in skip]
-    if pieces and pieces[0] != " ⁇ ":
-        pieces[0] = pieces[0].removeprefix("▁")
-    return "".join(pieces).replace("▁", " ")
+    text = "".join(pieces)
+    return (text if pieces and pieces[0] == " ⁇ " else text.lstrip("▁")).replace("▁", " ")
 
 
 class OnnxTranscriber:
