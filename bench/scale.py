@@ -19,7 +19,8 @@ One point, in its own process (its peak RSS is its own), ends with one JSON line
   workers) or ``memory`` (the loader before text shards: every sentence read and tokenized in the main
   process). ``seconds``: loader construction + the epoch; ``peak_rss_mb``: the main process's peak;
   ``worker_peak_rss_mb``: the largest worker's (read every 10 batches); ``tokens_per_s``: source +
-  target tokens per second.
+  target tokens per second. The first start over a corpus also counts every shard's tokens (and caches
+  them beside the shard); ``--counted`` times a later start, after an untimed first epoch.
 - ``--text-file PATH``: the same on a real text (one sentence a line, sharded by make_text_shards.py,
   a 500-piece unigram tokenizer trained on it).
 
@@ -177,10 +178,12 @@ def text_point(args):
         subprocess.run(write, check=True, stdout=subprocess.DEVNULL, env=child_env())
         epoch = [sys.executable, __file__, "--epoch-of", folder, "--loader", args.loader, "--workers",
                  str(args.workers), "--json"]
+        if args.counted and args.loader == "stream":  # a first start counts and caches every shard's tokens
+            subprocess.run(epoch, check=True, capture_output=True, env=child_env())
         result = subprocess.run(epoch, check=True, capture_output=True, text=True, env=child_env())
         point = json.loads(result.stdout.strip().splitlines()[-1])
     return {"text_sentences": args.text_sentences, "text_file": args.text_file,
-            "shard_sentences": args.shard_sentences, **point}
+            "shard_sentences": args.shard_sentences, "counted": bool(args.counted), **point}
 
 
 def child_env():
@@ -260,6 +263,8 @@ def parse_args(argv=None):
     parser.add_argument("--shard-sentences", type=int, default=100_000, help="sentences per text shard")
     parser.add_argument("--loader", choices=("stream", "memory"), default="stream",
                         help="text shards streamed by workers, or the earlier in-memory loader")
+    parser.add_argument("--counted", action="store_true", help="time an epoch whose token counts an untimed first "
+                        "epoch cached (every start after a corpus's first), not the first")
     parser.add_argument("--sweep", metavar="OUT_DIR", help="run every point; table, scale.json and PNGs")
     parser.add_argument("--max-utterances", type=int, default=10_000_000)
     parser.add_argument("--max-sentences", type=int, default=1_000_000)

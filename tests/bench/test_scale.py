@@ -27,12 +27,15 @@ def test_a_planning_point_reports_its_seconds_and_peak_memory():
 
 def test_a_text_point_streams_every_sentence_once_as_the_in_memory_loader_does():
     """3000 synthetic sentences in 3 shards through the streamed loader (2 workers) and the in-memory
-    baseline: both yield every sentence and the same tokens, each with its seconds and peak RSS."""
+    baseline: both yield every sentence and the same tokens, each with its seconds and peak RSS; so does a
+    start after the first (--counted: the token counts cached)."""
     streamed = point("--text-sentences", "3000", "--shard-sentences", "1000")
     in_memory = point("--text-sentences", "3000", "--shard-sentences", "1000", "--loader", "memory")
     assert streamed["sentences"] == in_memory["sentences"] == 3000
     assert streamed["tokens"] == in_memory["tokens"] > 0
     assert streamed["worker_peak_rss_mb"] > 0 and streamed["peak_rss_mb"] > 0 and streamed["seconds"] > 0
+    counted = point("--text-sentences", "3000", "--shard-sentences", "1000", "--counted")  # a later start
+    assert counted["counted"] and (counted["sentences"], counted["tokens"]) == (3000, streamed["tokens"])
 
 
 def test_the_synthetic_shards_are_uneven_and_cover_every_utterance():
