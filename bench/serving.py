@@ -7,17 +7,17 @@
 Rows: offline greedy CTC and joint CTC/attention beam search (torch), streaming greedy CTC and streaming
 CTC prefix beam with attention rescoring at each chunk size (torch, transcribe.py --stream's recognizers,
 common/streaming.py; skipped, with the reason, for a model that cannot stream) and, on onnxruntime,
-offline greedy CTC, CTC prefix beam rescored by the decoder and streaming greedy CTC at each chunk size
-(onnx_transcribe.py; the ``export.py --onnx`` folder ``--onnx_dir``, or one exported to a temporary
+offline greedy CTC and CTC prefix beam rescored by the decoder, and both streaming at each chunk size
+(onnx_transcribe.py, no LM; the ``export.py --onnx`` folder ``--onnx_dir``, or one exported to a temporary
 folder). Every row decodes the same
 recordings (read once, through the shards' Opus pass, as ``transcribe.py`` reads them) one at a time,
 with torch and onnxruntime held to the row's thread count.
 
 Each row: WER with its bootstrap 95 % interval over utterances and CER (bench/stats.py), RTF = decoding
 seconds / audio seconds (reading excluded). Streaming rows also give the WER ratio to the same search
-offline (greedy to greedy, beam to the joint beam search) with its paired interval, the mean compute
-time per chunk, and two latencies, the audio played in real time in ``chunk_ms`` pieces, each decoded
-when it has arrived and the previous one is done:
+offline (greedy to greedy; torch's beam to its joint beam search, onnxruntime's to its offline prefix beam +
+rescoring) with its paired interval, the mean compute time per chunk, and two latencies, the audio played
+in real time in ``chunk_ms`` pieces, each decoded when it has arrived and the previous one is done:
 
 - first partial: from the end of the first word (the frame where offline greedy CTC emits its last
   token) until a partial hypothesis begins with that word's tokens, as offline greedy spells it
@@ -157,10 +157,12 @@ def torch_recognizers(trained, chunk_ms, args, search):
             lambda recognizer: transcribe.recognized_text(recognizer, trained.tokenizer.processor.decode))
 
 
-def onnx_recognizers(runtime, chunk_ms, args):
-    """``(make, text)`` of onnx_transcribe.py's streaming greedy recognizer at ``chunk_ms``."""
-    return (lambda: runtime.streaming_recognizer(chunk_ms, args.left_chunks),
-            lambda recognizer: onnx_transcribe.detokenize(recognizer.ids, runtime.config["tokens"]))
+def onnx_recognizers(runtime, chunk_ms, args, search):
+    """``(make, text)`` of onnx_transcribe.py's streaming recognizer of ``search`` at ``chunk_ms`` (``beam``:
+    CTC prefix beam rescored by the decoder at endpoints, no LM)."""
+    beam_size = (args.beam or runtime.config["decoding"]["beam_size"]) if search == "beam" else 0
+    return (lambda: runtime.streaming_recognizer(chunk_ms, args.left_chunks, beam_size, args.endpoint_ms),
+            runtime.text)
 
 
 def decode_streaming(recognizers, waveforms, words, chunk_ms):
@@ -230,13 +232,14 @@ def measure(trained, entries, waveforms, args, onnx_dir):
         rows.append(row("onnxruntime offline ctc_greedy", threads, entries, texts, seconds, audio_s))
         texts, seconds = decode_onnx(onnx_dir, waveforms, threads, args.beam or trained.settings["beam_size"])
         rows.append(row("onnxruntime offline prefix beam + rescoring", threads, entries, texts, seconds, audio_s))
+        onnx_offline = {"ctc_greedy": rows[-2], "beam": rows[-1]}
         runtime = onnx_transcribe.OnnxTranscriber(onnx_dir, threads)
-        for chunk_ms in chunks_ms if "ctc_greedy" in args.stream_searches else []:
-            texts, seconds, extra = decode_streaming(onnx_recognizers(runtime, chunk_ms, args), waveforms, words,
-                                                     chunk_ms)
-            rows.append(row(f"onnxruntime streaming ctc_greedy {chunk_ms:.0f} ms", threads, entries, texts, seconds,
+        for search, chunk_ms in itertools.product(args.stream_searches, chunks_ms):
+            texts, seconds, extra = decode_streaming(onnx_recognizers(runtime, chunk_ms, args, search), waveforms,
+                                                     words, chunk_ms)
+            rows.append(row(f"onnxruntime streaming {search} {chunk_ms:.0f} ms", threads, entries, texts, seconds,
                             audio_s, **extra))
-            rows[-1]["wer_vs_offline"] = wer_ratio(rows[-1], offline["ctc_greedy"], refs)
+            rows[-1]["wer_vs_offline"] = wer_ratio(rows[-1], onnx_offline[search], refs)
         logger.info("%d thread(s) measured", threads)
     return rows, audio_s
 

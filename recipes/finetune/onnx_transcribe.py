@@ -12,16 +12,18 @@ recursively). Each recording is read as ``transcribe.py`` reads it (channels ave
 model's rate with SciPy's ``resample_poly`` filter, then coded and decoded with Opus as the training
 shards were; ``--raw_audio``: not), cut at its quietest moments when longer than the model was trained
 on, and decoded with greedy CTC (as ``transcribe.py --ctc_greedy --max_batch_size 1`` does for the same
-model), or, with ``--stream``, greedy CTC chunk by chunk as ``transcribe.py --stream --ctc_greedy`` decodes
-(the exported streaming graphs, the encoder's state carried across chunks of ``--chunk_ms``; partial
-hypotheses to stderr; ``-`` reads raw 16-bit PCM from stdin), or, with ``--beam N``, SpeechBrain's CTC
-prefix beam search (ported to numpy) whose n-best the exported attention decoder rescores with the
-experiment's CTC weight (as ``transcribe.py --stream`` rescores a segment; the LM is not exported).
-Prints ``key<TAB>hypothesis`` per recording in input order.
+model), or, with ``--beam N``, SpeechBrain's CTC prefix beam search (ported to numpy) whose n-best the
+exported attention decoder rescores with the experiment's CTC weight (as ``transcribe.py --stream``
+rescores a segment; the LM is not exported). With ``--stream`` either search runs chunk by chunk as
+``transcribe.py --stream`` runs it (the exported streaming graphs, the encoder's state carried across
+chunks of ``--chunk_ms``; the beam's n-best rescored at each endpoint, WeNet's rules; partial hypotheses
+and rescored segments to stderr; ``-`` reads raw 16-bit PCM from stdin). Prints ``key<TAB>hypothesis``
+per recording in input order.
 
-The parts that ``transcribe.py`` takes from SciPy, SentencePiece and Tandem (the resampling filter,
-the Fbank's STFT, cutting at silences, piece-to-text) are written here in numpy;
-tests/recipes/test_onnx_export.py checks each against the original.
+The parts that ``transcribe.py`` takes from SciPy, SentencePiece, SpeechBrain and Tandem (the resampling
+filter, the Fbank's STFT, cutting at silences, piece-to-text, the prefix search, the streaming front end and
+endpoint rules) are written here in numpy; tests/recipes/test_onnx_export.py and test_streaming.py check
+each against the original.
 """
 
 import argparse
@@ -53,19 +55,22 @@ def parse_args(argv):
     parser.add_argument("inputs", nargs="+", help="audio files or folders of them")
     parser.add_argument("--threads", type=int, default=1, help="onnxruntime intra-op threads")
     parser.add_argument("--beam", type=int, default=0, help="CTC prefix beam of this size, its n-best rescored by "
-                        "the attention decoder (as transcribe.py --stream; no LM); 0: greedy CTC")
+                        "the attention decoder (as transcribe.py --stream; no LM; with --stream, at each "
+                        "endpoint); 0: greedy CTC")
     parser.add_argument("--raw_audio", action="store_true",
                         help="decode the audio as it is, without the training shards' Opus pass")
-    parser.add_argument("--stream", action="store_true", help="greedy CTC chunk by chunk, the encoder's state "
-                        "carried across chunks (as transcribe.py --stream --ctc_greedy); partial hypotheses go "
-                        "to stderr; INPUT '-' reads raw 16-bit PCM, mono at the model's rate, from stdin")
+    parser.add_argument("--stream", action="store_true", help="decode chunk by chunk, the encoder's state "
+                        "carried across chunks, as transcribe.py --stream does (greedy CTC as its --ctc_greedy; "
+                        "with --beam its CTC prefix beam rescored at endpoints); partial hypotheses and rescored "
+                        "segments go to stderr; INPUT '-' reads raw 16-bit PCM, mono at the model's rate, from "
+                        "stdin")
     parser.add_argument("--chunk_ms", type=float, default=640.0, help="--stream: audio per chunk (rounded to "
                         "whole encoder frames)")
     parser.add_argument("--left_chunks", type=int, default=16, help="--stream: chunks of past context each "
                         "chunk attends to")
+    parser.add_argument("--endpoint_ms", type=float, default=1000.0, help="--stream --beam: silence after speech "
+                        "that ends a segment (its n-best is then rescored; WeNet's rule 2)")
     args = parser.parse_args(argv)
-    if args.stream and args.beam:
-        parser.error("--stream decodes with greedy CTC here; for the streaming beam use transcribe.py --stream")
     if STDIN in args.inputs and not args.stream:
         parser.error("INPUT '-' (raw PCM on stdin) needs --stream")
     return args
@@ -178,39 +183,63 @@ class Prefix:
         self.score = float(np.logaddexp(self.p_b, self.p_nb))
 
 
-def ctc_prefix_beam(log_probs, blank, beam_size, token_prune=-5.0, beam_prune=-10.0):
-    """``[(ids, CTC log-probability)]``, best first: SpeechBrain's ``CTCPrefixBeamSearcher`` (no LM, no
-    history pruning) over ``log_probs`` [frames, vocab]. Each frame extends the prefixes with the tokens
-    above ``token_prune`` (and the best one), keeps those within ``beam_prune`` of the best, then the
-    ``beam_size`` best (ties: the older first)."""
-    start = Prefix(())
-    start.p_b, start.score = 0.0, 0.0
-    prefixes = [start]
-    for column in log_probs:
-        tokens = sorted(set(np.flatnonzero(column > token_prune).tolist()) | {int(column.argmax())})
-        by_ids, current = {prefix.ids: prefix for prefix in prefixes}, list(prefixes)
-        for token in tokens:
-            p = float(column[token])
-            for prefix in current:
-                if token == blank:
-                    prefix.next_b = float(np.logaddexp(prefix.next_b, prefix.score + p))
-                    continue
-                last = prefix.ids[-1] if prefix.ids else None
-                if token == last:
-                    prefix.next_nb = float(np.logaddexp(prefix.next_nb, prefix.p_nb + p))
-                ids = prefix.ids + (token,)
-                if ids not in by_ids:
-                    by_ids[ids] = Prefix(ids)
-                    prefixes.append(by_ids[ids])
-                extended = by_ids[ids]
-                if token == last and prefix.p_b > -np.inf:
-                    extended.next_nb = float(np.logaddexp(extended.next_nb, prefix.p_b + p))
-                elif token != last:
-                    extended.next_nb = float(np.logaddexp(extended.next_nb, prefix.score + p))
-        for prefix in prefixes:
-            prefix.step()
-        prefixes = best_prefixes(prefixes, beam_size, beam_prune)
-    return [(list(prefix.ids), prefix.score) for prefix in best_prefixes(prefixes, beam_size, beam_prune)]
+class PrefixBeam:
+    """SpeechBrain's ``CTCPrefixBeamSearcher`` (no LM, no history pruning) carried across calls:
+    ``extend(log_probs)`` adds frames ([frames, vocab]) as its ``partial_decoding`` does, ``nbest()`` is
+    what its ``finalize_decoding`` returns. Each frame extends the prefixes with the tokens above
+    ``token_prune`` (and the best one), keeps those within ``beam_prune`` of the best, then the
+    ``beam_size`` best (ties: the older first); ``prefixes`` stay best first."""
+
+    def __init__(self, blank, beam_size, token_prune=-5.0, beam_prune=-10.0):
+        self.blank, self.beam_size, self.token_prune, self.beam_prune = blank, beam_size, token_prune, beam_prune
+        start = Prefix(())
+        start.p_b, start.score = 0.0, 0.0
+        self.prefixes = [start]
+
+    def extend(self, log_probs):
+        prefixes = self.prefixes
+        for column in log_probs:
+            tokens = sorted(set(np.flatnonzero(column > self.token_prune).tolist()) | {int(column.argmax())})
+            by_ids, current = {prefix.ids: prefix for prefix in prefixes}, list(prefixes)
+            for token in tokens:
+                p = float(column[token])
+                for prefix in current:
+                    if token == self.blank:
+                        prefix.next_b = float(np.logaddexp(prefix.next_b, prefix.score + p))
+                        continue
+                    last = prefix.ids[-1] if prefix.ids else None
+                    if token == last:
+                        prefix.next_nb = float(np.logaddexp(prefix.next_nb, prefix.p_nb + p))
+                    ids = prefix.ids + (token,)
+                    if ids not in by_ids:
+                        by_ids[ids] = Prefix(ids)
+                        prefixes.append(by_ids[ids])
+                    extended = by_ids[ids]
+                    if token == last and prefix.p_b > -np.inf:
+                        extended.next_nb = float(np.logaddexp(extended.next_nb, prefix.p_b + p))
+                    elif token != last:
+                        extended.next_nb = float(np.logaddexp(extended.next_nb, prefix.score + p))
+            for prefix in prefixes:
+                prefix.step()
+            prefixes = best_prefixes(prefixes, self.beam_size, self.beam_prune)
+        self.prefixes = prefixes
+
+    @property
+    def best(self):
+        """The best prefix's token ids."""
+        return list(self.prefixes[0].ids)
+
+    def nbest(self):
+        """``[(ids, CTC log-probability)]`` of the hypotheses that are not empty, best first."""
+        return [(list(prefix.ids), prefix.score)
+                for prefix in best_prefixes(self.prefixes, self.beam_size, self.beam_prune) if prefix.ids]
+
+
+def ctc_prefix_beam(log_probs, blank, beam_size):
+    """``PrefixBeam``'s n-best over one recording's ``log_probs`` [frames, vocab]."""
+    search = PrefixBeam(blank, beam_size)
+    search.extend(log_probs)
+    return search.nbest()
 
 
 def best_prefixes(prefixes, beam_size, beam_prune):
@@ -257,25 +286,50 @@ class OnnxTranscriber:
     def sample_rate(self):
         return self.config["features"]["sample_rate"]
 
-    def streaming_recognizer(self, chunk_ms, left_chunks):
-        """A fresh ``StreamingRecognizer`` of chunks of ``chunk_ms`` (whole encoder frames, at least one)."""
+    def streaming_recognizer(self, chunk_ms, left_chunks, beam_size=0, endpoint_ms=1000.0):
+        """A fresh recognizer of chunks of ``chunk_ms`` (whole encoder frames, at least one): greedy CTC, or
+        with ``beam_size`` the CTC prefix beam rescored at endpoints (``StreamingBeamRecognizer``)."""
         if self.step is None:
             raise ValueError(f"{self.model_dir} holds no streaming graphs: the model was not trained to stream "
                              "(chunk_training: True, attention_type: RelPosMHAXL, normalize_type: causal, global "
                              "or frame) or was exported before export.py --onnx wrote them")
         frames = max(1, round(chunk_ms / self.config["streaming"]["frame_ms"]))
-        return StreamingRecognizer(self, frames, left_chunks)
+        if not beam_size:
+            return StreamingRecognizer(self, frames, left_chunks)
+        self.check_decoder("--beam")
+        endpointer = Endpointer(self.config["streaming"]["frame_ms"], trailing_silence_ms=endpoint_ms)
+        return StreamingBeamRecognizer(self, frames, left_chunks, beam_size, endpointer)
 
-    def stream(self, key, pieces, chunk_ms, left_chunks):
-        """The greedy text of one recording fed piece by piece; each change goes to stderr as
-        ``partial<TAB>key<TAB>text``."""
-        recognizer = self.streaming_recognizer(chunk_ms, left_chunks)
+    def check_decoder(self, option):
+        if self.decoder is None:
+            raise ValueError(f"{option} needs {DECODER_FILE} and the decoding settings, which this export lacks: "
+                             "export the model again with recipes/finetune/export.py EXP OUT --onnx")
+
+    def stream(self, key, pieces, recognizer):
+        """The text of one recording fed piece by piece to a fresh ``recognizer``; each change of its
+        hypothesis goes to stderr as ``partial<TAB>key<TAB>text``, each rescored segment as
+        ``final<TAB>key<TAB>text`` (transcribe.py --stream's lines)."""
+        segments = 0
         for piece in pieces:
-            if recognizer.push(piece):
-                print(f"partial\t{key}\t{detokenize(recognizer.ids, self.config['tokens'])}", file=sys.stderr,
-                      flush=True)
+            changed = recognizer.push(piece)
+            segments = self.print_finals(key, recognizer, segments)
+            if changed:
+                print(f"partial\t{key}\t{self.text(recognizer)}", file=sys.stderr, flush=True)
         recognizer.push(np.zeros(0, dtype=np.float32), final=True)
-        return detokenize(recognizer.ids, self.config["tokens"])
+        self.print_finals(key, recognizer, segments)
+        return self.text(recognizer)
+
+    def print_finals(self, key, recognizer, printed):
+        """Prints the segments closed since the first ``printed``; returns how many are closed."""
+        for segment in recognizer.finals[printed:]:
+            print(f"final\t{key}\t{detokenize(segment, self.config['tokens'])}", file=sys.stderr, flush=True)
+        return len(recognizer.finals)
+
+    def text(self, recognizer):
+        """The recognizer's text so far: each closed segment's text and the open one's, joined by spaces."""
+        closed = sum(len(segment) for segment in recognizer.finals)
+        texts = [detokenize(ids, self.config["tokens"]) for ids in [*recognizer.finals, recognizer.ids[closed:]]]
+        return " ".join(text for text in texts if text)
 
     def encode(self, samples):
         """(CTC log-probabilities [frames, vocab], encoder states [1, frames, d_model]) of one piece."""
@@ -289,13 +343,22 @@ class OnnxTranscriber:
 
     def beam_search(self, log_probs, enc_states, beam_size):
         """The best of the CTC prefix beam's n-best ([frames, vocab]) rescored with the attention decoder
-        as transcribe.py --stream rescores a segment: ``ctc_weight * CTC + (1 - ctc_weight) * attention``
-        log-probabilities of the hypothesis and </s>, divided by their count with ``length_normalization``."""
-        settings, bos, eos = self.config["decoding"], self.config["tokens"]["bos_id"], self.config["tokens"]["eos_id"]
+        (``rescore``)."""
+        return self.rescore(ctc_prefix_beam(self.search_log_probs(log_probs), self.config["tokens"]["blank_id"],
+                                            beam_size), enc_states)
+
+    def search_log_probs(self, log_probs):
+        """``log_probs`` as the prefix search reads them: <s> and </s>, never CTC targets, kept out."""
         log_probs = log_probs.copy()
-        log_probs[:, [bos, eos]] = -np.inf  # never CTC targets
-        nbest = [(ids, score) for ids, score in ctc_prefix_beam(log_probs, self.config["tokens"]["blank_id"],
-                                                               beam_size) if ids]
+        log_probs[:, [self.config["tokens"]["bos_id"], self.config["tokens"]["eos_id"]]] = -np.inf
+        return log_probs
+
+    def rescore(self, nbest, enc_states):
+        """The ids of the best of ``nbest`` (``[(ids, CTC log-probability)]``, none empty; [] for no
+        hypothesis) rescored over ``enc_states`` [1, frames, d_model] as transcribe.py --stream
+        rescores a segment: ``ctc_weight * CTC + (1 - ctc_weight) * attention`` log-probabilities of the
+        hypothesis and </s>, divided by their count with ``length_normalization``."""
+        settings, bos, eos = self.config["decoding"], self.config["tokens"]["bos_id"], self.config["tokens"]["eos_id"]
         if not nbest:
             return []
         prefix = [bos] + settings["prefix_ids"]
@@ -315,9 +378,8 @@ class OnnxTranscriber:
     def transcribe(self, samples, beam_size=None):
         """The text of one recording (greedy CTC; with ``beam_size``, the rescored CTC prefix beam), pieces
         longer than the model's ``max_duration`` decoded apart."""
-        if beam_size and self.decoder is None:
-            raise ValueError(f"--beam needs {DECODER_FILE} and the decoding settings, which this export lacks: "
-                             "export the model again with recipes/finetune/export.py EXP OUT --onnx")
+        if beam_size:
+            self.check_decoder("--beam")
         texts = []
         for start, end in split_at_silences(samples, self.config["max_duration"], self.sample_rate):
             log_probs, enc_states = self.encode(samples[start:end])
@@ -387,7 +449,8 @@ class StreamingFrontEnd:
 class StreamingRecognizer:
     """Greedy CTC on audio pieces (``common.streaming.StreamingRecognizer`` on onnxruntime): front-end
     frames gathered into chunks of ``chunk_frames``, each through ``stream_encoder.onnx`` with every
-    layer's context of the ``left_chunks`` chunks before it. ``ids``: the hypothesis so far."""
+    layer's context of the ``left_chunks`` chunks before it. ``ids``: the hypothesis so far; ``finals``:
+    the ids of each closed segment (greedy CTC closes none)."""
 
     def __init__(self, transcriber, chunk_frames, left_chunks):
         self.transcriber, self.chunk_frames = transcriber, chunk_frames
@@ -399,7 +462,7 @@ class StreamingRecognizer:
         self.conv_context = np.zeros((layers, 1, 0, d_model), dtype=np.float32)
         self.pending = None  # front-end frames waiting for a full chunk
         self.blank = transcriber.config["tokens"]["blank_id"]
-        self.ids, self.previous = [], self.blank
+        self.ids, self.previous, self.finals = [], self.blank, []
 
     def push(self, samples, final=False):
         """Feed ``samples``; with ``final``, the recording ends and its last, shorter chunk is decoded.
@@ -407,22 +470,97 @@ class StreamingRecognizer:
         frames = self.front_end.push(samples, final)
         if frames is not None:
             self.pending = frames if self.pending is None else np.concatenate([self.pending, frames], axis=1)
-        before = len(self.ids)
+        before = list(self.ids)
         while self.pending is not None and (self.pending.shape[1] >= self.chunk_frames or final):
             chunk, rest = self.pending[:, :self.chunk_frames], self.pending[:, self.chunk_frames:]
             self.pending = rest if rest.shape[1] else None
-            self.decode_chunk(np.ascontiguousarray(chunk))
-        return len(self.ids) != before
+            self.decode_chunk(*self.encode_chunk(np.ascontiguousarray(chunk)))
+        if final:
+            self.finish()
+        return self.ids != before
 
-    def decode_chunk(self, frames):
-        log_probs, _, attention_inputs, self.conv_context = self.transcriber.step.run(None, {
+    def encode_chunk(self, frames):
+        """(CTC log-probabilities [frames, vocab], encoder states [1, frames, d_model]) of one chunk, each
+        layer's context carried to the next."""
+        log_probs, enc_states, attention_inputs, self.conv_context = self.transcriber.step.run(None, {
             "frames": frames, "attention_context": self.attention_context, "conv_context": self.conv_context})
         kept = attention_inputs.shape[2] - min(self.context_frames, attention_inputs.shape[2])
         self.attention_context = np.ascontiguousarray(attention_inputs[:, :, kept:])
-        for token in log_probs[0].argmax(axis=-1).tolist():
+        return log_probs[0], enc_states
+
+    def decode_chunk(self, log_probs, enc_states):
+        for token in log_probs.argmax(axis=-1).tolist():
             if token != self.previous and token != self.blank:
                 self.ids.append(token)
             self.previous = token
+
+    def finish(self):
+        """The recording has ended (greedy CTC has nothing left to do)."""
+
+
+class Endpointer:
+    """``common.streaming.Endpointer``: WeNet's endpoint rules on the CTC blank, checked after each chunk. A
+    frame is silent when its blank probability exceeds ``blank_threshold``; a segment ends after
+    ``no_speech_ms`` of silence with nothing decoded, after ``trailing_silence_ms`` of silence once something
+    is decoded, or when it has lasted ``max_segment_ms`` with something decoded."""
+
+    def __init__(self, frame_ms, blank_threshold=0.8, no_speech_ms=5000.0, trailing_silence_ms=1000.0,
+                 max_segment_ms=20000.0):
+        self.frame_ms, self.log_threshold = frame_ms, float(np.log(blank_threshold))
+        self.no_speech_ms, self.trailing_silence_ms, self.max_segment_ms = (no_speech_ms, trailing_silence_ms,
+                                                                            max_segment_ms)
+        self.reset()
+
+    def reset(self):
+        self.frames, self.trailing = 0, 0  # frames in the segment; silent frames at its end
+
+    def step(self, blank_log_probs, decoded):
+        """Counts a chunk's frames (their blank log-probabilities, 1-D); whether the segment ends here."""
+        for silent in (blank_log_probs > self.log_threshold).tolist():
+            self.trailing = self.trailing + 1 if silent else 0
+        self.frames += len(blank_log_probs)
+        silence_ms, length_ms = self.trailing * self.frame_ms, self.frames * self.frame_ms
+        if not decoded:
+            return silence_ms >= self.no_speech_ms
+        return silence_ms >= self.trailing_silence_ms or length_ms >= self.max_segment_ms
+
+
+class StreamingBeamRecognizer(StreamingRecognizer):
+    """``common.streaming.StreamingBeamRecognizer`` without an LM: the CTC prefix beam (``PrefixBeam``)
+    extended chunk by chunk, an ``Endpointer`` closing segments, each segment's n-best rescored by the
+    attention decoder over the segment's encoder states (``OnnxTranscriber.rescore``). ``ids``: the
+    rescored segments, then the best prefix of the open one."""
+
+    def __init__(self, transcriber, chunk_frames, left_chunks, beam_size, endpointer):
+        super().__init__(transcriber, chunk_frames, left_chunks)
+        self.beam_size, self.endpointer = beam_size, endpointer
+        self.start_segment()
+
+    def start_segment(self):
+        self.search = PrefixBeam(self.blank, self.beam_size)
+        self.segment_states = []
+        self.endpointer.reset()
+
+    def decode_chunk(self, log_probs, enc_states):
+        log_probs = self.transcriber.search_log_probs(log_probs)
+        self.search.extend(log_probs)
+        self.segment_states.append(enc_states)
+        best = self.search.best
+        self.ids = [token for segment in self.finals for token in segment] + best
+        if self.endpointer.step(log_probs[:, self.blank], bool(best)):
+            self.end_segment()
+
+    def finish(self):
+        if self.segment_states:
+            self.end_segment()
+
+    def end_segment(self):
+        """Rescore the segment's n-best, keep the best, start a new segment."""
+        nbest = self.search.nbest()
+        if nbest:
+            self.finals.append(self.transcriber.rescore(nbest, np.concatenate(self.segment_states, axis=1)))
+        self.ids = [token for segment in self.finals for token in segment]
+        self.start_segment()
 
 
 def pcm_pieces(stream, piece_samples):
@@ -460,13 +598,20 @@ def main(argv):
                      "attention_type: RelPosMHAXL, normalize_type: causal, global or frame) with "
                      "recipes/finetune/export.py EXP OUT --onnx", args.model_dir, FRONT_END_FILE, STEP_FILE)
         return 2
+    if args.beam and transcriber.decoder is None:
+        logger.error("--beam: %s holds no %s or decoding settings: export the model again with "
+                     "recipes/finetune/export.py EXP OUT --onnx", args.model_dir, DECODER_FILE)
+        return 2
     piece_samples = int(round(args.chunk_ms / 1000 * transcriber.sample_rate))
+
+    def new_recognizer():
+        return transcriber.streaming_recognizer(args.chunk_ms, args.left_chunks, args.beam, args.endpoint_ms)
+
     inputs = [path for path in args.inputs if path != STDIN]
     done = skipped = 0
     for key, path in audio_files(inputs) + ([("stdin", STDIN)] if STDIN in args.inputs else []):
         if path == STDIN:
-            text = transcriber.stream(key, pcm_pieces(sys.stdin.buffer, piece_samples), args.chunk_ms,
-                                      args.left_chunks)
+            text = transcriber.stream(key, pcm_pieces(sys.stdin.buffer, piece_samples), new_recognizer())
         else:
             try:
                 samples = read_recording(path, transcriber.sample_rate, through_opus=not args.raw_audio)
@@ -476,7 +621,7 @@ def main(argv):
                 continue
             if args.stream:
                 pieces = (samples[start:start + piece_samples] for start in range(0, len(samples), piece_samples))
-                text = transcriber.stream(key, pieces, args.chunk_ms, args.left_chunks)
+                text = transcriber.stream(key, pieces, new_recognizer())
             else:
                 text = transcriber.transcribe(samples, args.beam)
         try:
@@ -486,8 +631,8 @@ def main(argv):
             logger.warning("standard output was closed: stopped after %s", key)
             break
         done += 1
-    search = ("streaming greedy CTC" if args.stream else
-              f"CTC prefix beam {args.beam} + attention rescoring" if args.beam else "greedy CTC")
+    search = ("streaming " if args.stream else "") + (f"CTC prefix beam {args.beam} + attention rescoring"
+                                                       if args.beam else "greedy CTC")
     logger.info("transcribed %d recording(s) with %s on onnxruntime; skipped %d", done, search, skipped)
     return 0 if done else 1
 

@@ -131,7 +131,8 @@ def test_onnx_log_probs_and_hypotheses_equal_torchs(talkative, exported, rate_fi
 
 @pytest.mark.parametrize("seed", range(12))
 def test_the_numpy_prefix_beam_is_speechbrains(seed):
-    """onnx_transcribe.ctc_prefix_beam gives SpeechBrain's CTCPrefixBeamSearcher's n-best (as
+    """onnx_transcribe's PrefixBeam, carried over two chunks as its streaming recognizer carries it, and
+    ctc_prefix_beam over the whole recording give SpeechBrain's CTCPrefixBeamSearcher's n-best (as
     common/streaming.py runs it, over two chunks), in the same order with the same CTC scores, on random
     log-probabilities from peaked to flat."""
     rng = np.random.default_rng(seed)
@@ -142,9 +143,12 @@ def test_the_numpy_prefix_beam_is_speechbrains(seed):
     beams = searcher.partial_decoding(log_probs[:12], 12, [streaming.start_beam()], {}, {}, 0)
     beams = searcher.partial_decoding(log_probs[12:], 18, beams, {}, {}, 12)
     expected = streaming.finished_nbest(searcher, beams)
-    ours = [(ids, score) for ids, score in onnx_transcribe.ctc_prefix_beam(log_probs, 0, 6) if ids]
-    assert [ids for ids, _ in ours] == expected[0] and len(ours) > 1
-    assert np.allclose([score for _, score in ours], expected[1])
+    carried = onnx_transcribe.PrefixBeam(0, 6)
+    carried.extend(log_probs[:12])
+    carried.extend(log_probs[12:])
+    for ours in (onnx_transcribe.ctc_prefix_beam(log_probs, 0, 6), carried.nbest()):
+        assert [ids for ids, _ in ours] == expected[0] and len(ours) > 1
+        assert np.allclose([score for _, score in ours], expected[1])
 
 
 @torch.no_grad()

@@ -11,6 +11,7 @@ import pytest
 import soundfile as sf
 from speechbrain.utils.dynamic_chunk_training import DynChunkTrainConfig
 
+from common import streaming
 from common.user_errors import UserError
 from recipes.finetune import export, onnx_transcribe, train, transcribe
 from tests.recipes.finetune_args import CHUNK_WARMUP, REPO, train_argv
@@ -144,8 +145,9 @@ def exported_stream(chunk_trained, tmp_path_factory):
     return out
 
 
-def partial_lines(err):
-    return [line for line in err.splitlines() if line.startswith("partial\t")]
+def stream_lines(err, kind):
+    """The ``kind`` (partial, final) lines of a --stream run's stderr."""
+    return [line for line in err.splitlines() if line.startswith(kind + "\t")]
 
 
 @pytest.mark.parametrize("chunk_ms,left_chunks", [(320, 1), (640, 16), (200, 0)])
@@ -164,7 +166,41 @@ def test_onnx_streaming_prints_what_torch_streaming_prints(chunk_trained, export
     finals = [dict(line.split("\t") for line in out.out.splitlines() if "\t" in line) for out in (torch_out, onnx_out)]
     assert finals[0] == finals[1] and len(finals[0]) == len(test_files)
     assert any(text.strip() for text in finals[0].values())
-    assert partial_lines(onnx_out.err) == partial_lines(torch_out.err) and partial_lines(onnx_out.err)
+    partials = stream_lines(onnx_out.err, "partial")
+    assert partials == stream_lines(torch_out.err, "partial") and partials
+
+
+@pytest.mark.parametrize("chunk_ms,left_chunks,endpoint_ms", [(320, 1, 0), (640, 16, 1000), (200, 0, 1e9)])
+def test_onnx_streaming_beam_prints_what_torch_streaming_beam_prints(chunk_trained, exported_stream, test_files,
+                                                                     capsys, monkeypatch, chunk_ms, left_chunks,
+                                                                     endpoint_ms):
+    """onnx_transcribe.py --stream --beam (the numpy CTC prefix beam carried across chunks, WeNet's endpoint
+    rules, the exported decoder rescoring each segment over the segment's encoder states, those torch's
+    recognizer rescores over) prints transcribe.py --stream --beam's final lines, rescored segments and partial
+    hypotheses in the same order: with an endpoint at every chunk that
+    decodes something (several segments per recording), at a second of silence, and never before the end."""
+    options = ["--stream", "--chunk_ms", str(chunk_ms), "--left_chunks", str(left_chunks), "--endpoint_ms",
+               str(endpoint_ms), "--beam", "4"]
+    rescored = {"torch": [], "onnx": []}  # the encoder states each segment's n-best is rescored over
+    torch_rescore, onnx_rescore = streaming.rescore, onnx_transcribe.OnnxTranscriber.rescore
+    monkeypatch.setattr(streaming, "rescore", lambda model, states, *rest: (
+        rescored["torch"].append(states[0].numpy()), torch_rescore(model, states, *rest))[1])
+    monkeypatch.setattr(onnx_transcribe.OnnxTranscriber, "rescore", lambda self, nbest, states: (
+        rescored["onnx"].append(states[0]), onnx_rescore(self, nbest, states))[1])
+    assert transcribe.main([str(chunk_trained[0]), *test_files, *options]) == 0
+    torch_out = capsys.readouterr()
+    assert onnx_transcribe.main([str(exported_stream), *test_files, *options]) == 0
+    onnx_out = capsys.readouterr()
+    assert [s.shape for s in rescored["onnx"]] == [s.shape for s in rescored["torch"]] and rescored["onnx"]
+    assert all(np.allclose(a, b, atol=1e-4) for a, b in zip(rescored["onnx"], rescored["torch"]))
+    finals = [dict(line.split("\t") for line in out.out.splitlines() if "\t" in line) for out in (torch_out, onnx_out)]
+    assert finals[0] == finals[1] and len(finals[0]) == len(test_files)
+    assert any(text.strip() for text in finals[0].values())
+    for kind in ("final", "partial"):
+        lines = stream_lines(onnx_out.err, kind)
+        assert lines == stream_lines(torch_out.err, kind) and lines
+    if endpoint_ms == 0:
+        assert len(stream_lines(onnx_out.err, "final")) > len(test_files)
 
 
 def test_onnx_stdin_streaming_runs_without_the_training_stack(exported_stream, test_files, tmp_path):
