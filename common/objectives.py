@@ -4,21 +4,51 @@
 teacher-forced decoder term (pretraining, text; and the NLL half of the joint loss).
 
 ``joint_ctc_attention_loss`` is SpeechUT's ``ctc_ce`` criterion:
-``loss = (1 - dec_weight) * CTC + dec_weight * label-smoothed NLL``, with the CTC and NLL
-terms from SpeechBrain (``speechbrain.nnet.losses``; its CTC always uses ``zero_infinity``). With
+``loss = (1 - dec_weight) * CTC + dec_weight * label-smoothed NLL``: torch's CTC (``zero_infinity``, as
+``speechbrain.nnet.losses.ctc_loss`` calls it) and SpeechBrain's NLL. With
 intermediate CTC (ESPnet's ``interctc_weight``), ``CTC = (1 - inter_ctc_weight) * CTC(last layer) +
 inter_ctc_weight * mean CTC(intermediate layers)``.
+
+``loss_reduction`` sets how a batch's utterances add up: ``token`` (each CTC term per target token, then
+the batch mean; the NLL per decoder token) or ``utterance`` (each utterance's summed loss, averaged over
+the batch: SpeechBrain's ``batchmean``, what its LibriSpeech recipes, ESPnet and WeNet train with).
+The logged ``ctc_loss`` and ``nll_loss`` are per token under either, so runs compare.
 """
 
 import logging
 
 import torch
-from speechbrain.nnet.losses import ctc_loss, nll_loss
+from speechbrain.nnet.losses import nll_loss
 from speechbrain.utils.Accuracy import Accuracy
 
 from common.tokens import BLANK
 
 logger = logging.getLogger(__name__)
+
+REDUCTIONS = ("token", "utterance")
+
+
+def check_reduction(loss_reduction):
+    """Raises ValueError unless ``loss_reduction`` is one of REDUCTIONS."""
+    if loss_reduction not in REDUCTIONS:
+        raise ValueError(f"loss_reduction={loss_reduction!r}: use one of {', '.join(REDUCTIONS)}")
+
+
+def token_counts(rel_lens, padded_len):
+    """Absolute token counts of relative lengths, rounded as SpeechBrain's losses round them."""
+    return torch.round(rel_lens * padded_len)
+
+
+def reduced_ctc(log_probs, tokens, wav_lens, tokens_lens, loss_reduction):
+    """``(loss to back-propagate, per-token figure)`` of one CTC pass over the batch: each utterance's
+    summed loss (lengths rounded and infinities zeroed as ``speechbrain.nnet.losses.ctc_loss`` does);
+    the figure divides each by its target length (at least 1) and averages, as torch's ``mean``."""
+    target_lens = token_counts(tokens_lens, tokens.shape[1]).long()
+    sums = torch.nn.functional.ctc_loss(
+        log_probs.transpose(0, 1), tokens, token_counts(wav_lens, log_probs.shape[1]).long(), target_lens,
+        blank=BLANK, reduction="none", zero_infinity=True)
+    figure = (sums / target_lens.clamp(min=1)).mean()
+    return (figure if loss_reduction == "token" else sums.mean()), figure
 
 
 
@@ -64,6 +94,7 @@ def joint_ctc_attention_loss(
     ignore_prefix_tokens=0,
     inter_ctc_log_probs=(),
     inter_ctc_weight=0.0,
+    loss_reduction="token",
 ):
     """Weighted sum of CTC on the encoder and label-smoothed NLL on the decoder.
 
@@ -91,6 +122,8 @@ def joint_ctc_attention_loss(
         CTC log-probabilities of intermediate encoder layers (``EncoderDecoderOutput.inter_ctc_log_probs``).
     inter_ctc_weight : float
         Their mean CTC's share of the CTC term, in [0, 1); needs ``inter_ctc_log_probs`` when above 0.
+    loss_reduction : str
+        ``token`` or ``utterance``: how the batch's utterances add up in ``loss`` (module docstring).
 
     Returns
     -------
@@ -102,19 +135,21 @@ def joint_ctc_attention_loss(
     if not 0.0 <= dec_weight <= 1.0:
         raise ValueError(f"dec_weight={dec_weight} must lie in [0, 1] (0 = CTC only)")
     check_inter_ctc(inter_ctc_weight, len(inter_ctc_log_probs))
+    check_reduction(loss_reduction)
     tokens, tokens_lens = drop_prefix(tokens, tokens_lens, ignore_prefix_tokens)
     tokens_eos, _ = drop_prefix(tokens_eos, tokens_eos_lens, ignore_prefix_tokens)
     seq_log_probs, tokens_eos_lens = drop_prefix(
         seq_log_probs, tokens_eos_lens, ignore_prefix_tokens
     )
-    ctc = ctc_loss(ctc_log_probs, tokens, wav_lens, tokens_lens, BLANK)
-    decoder = sequence_loss(seq_log_probs, tokens_eos, tokens_eos_lens, label_smoothing)
-    figures = {"ctc_loss": ctc.detach(), "nll_loss": decoder["loss"].detach(), "accuracy": decoder["accuracy"]}
+    ctc, ctc_figure = reduced_ctc(ctc_log_probs, tokens, wav_lens, tokens_lens, loss_reduction)
+    decoder = sequence_loss(seq_log_probs, tokens_eos, tokens_eos_lens, label_smoothing, loss_reduction)
+    figures = {"ctc_loss": ctc_figure.detach(), "nll_loss": decoder["per_token"].detach(),
+               "accuracy": decoder["accuracy"]}
     if inter_ctc_weight > 0.0:
-        inter = torch.stack([ctc_loss(log_probs, tokens, wav_lens, tokens_lens, BLANK)
-                             for log_probs in inter_ctc_log_probs]).mean()
-        ctc = (1.0 - inter_ctc_weight) * ctc + inter_ctc_weight * inter
-        figures["inter_ctc_loss"] = inter.detach()
+        inter = [reduced_ctc(log_probs, tokens, wav_lens, tokens_lens, loss_reduction)
+                 for log_probs in inter_ctc_log_probs]
+        ctc = (1.0 - inter_ctc_weight) * ctc + inter_ctc_weight * torch.stack([loss for loss, _ in inter]).mean()
+        figures["inter_ctc_loss"] = torch.stack([figure for _, figure in inter]).mean().detach()
     return {"loss": (1.0 - dec_weight) * ctc + dec_weight * decoder["loss"], **figures}
 
 
@@ -127,7 +162,7 @@ def check_inter_ctc(inter_ctc_weight, num_layers):
                          "(e.g. --inter_ctc_layers=[2] --inter_ctc_weight=0.3) or neither")
 
 
-def sequence_loss(seq_log_probs, tokens_eos, tokens_eos_lens, label_smoothing=0.1):
+def sequence_loss(seq_log_probs, tokens_eos, tokens_eos_lens, label_smoothing=0.1, loss_reduction="token"):
     """Label-smoothed NLL of a teacher-forced decoder and its token accuracy.
 
     Arguments
@@ -138,15 +173,24 @@ def sequence_loss(seq_log_probs, tokens_eos, tokens_eos_lens, label_smoothing=0.
         Targets (``tokens + [eos]``, padded with 0) and their relative lengths.
     label_smoothing : float
         Probability mass spread uniformly over the vocabulary.
+    loss_reduction : str
+        ``token`` (the mean over every target token of the batch) or ``utterance`` (each utterance's
+        sum, averaged over the batch).
 
     Returns
     -------
     dict
-        ``loss`` (to back-propagate) and ``accuracy`` (float in [0, 1]).
+        ``loss`` (to back-propagate), ``per_token`` (the token mean, for logging) and ``accuracy``
+        (float in [0, 1]).
     """
-    nll = nll_loss(seq_log_probs, tokens_eos, tokens_eos_lens, label_smoothing=label_smoothing)
+    check_reduction(loss_reduction)
+    per_utterance = nll_loss(seq_log_probs, tokens_eos, tokens_eos_lens, label_smoothing=label_smoothing,
+                             reduction="batch")
+    sums = per_utterance * token_counts(tokens_eos_lens, tokens_eos.shape[1])
+    per_token = sums.sum() / token_counts(tokens_eos_lens, tokens_eos.shape[1]).sum()
     correct, total = Accuracy(seq_log_probs, tokens_eos, tokens_eos_lens)
-    return {"loss": nll, "accuracy": float(correct) / max(float(total), 1.0)}
+    loss = per_token if loss_reduction == "token" else sums.mean()
+    return {"loss": loss, "per_token": per_token, "accuracy": float(correct) / max(float(total), 1.0)}
 
 
 def masked_unit_loss(unit_logits, units, frame_mask, unmasked_weight=0.0, voiced=None):

@@ -41,7 +41,7 @@ from common.metrics import TranscriptMetrics
 from common.models.encoder_decoder import parameter_group
 from common.models.pretraining import text_to_text
 from common.models.transfer import check_same_tokenizer, load_pretrained
-from common.objectives import check_inter_ctc, drop_prefix, joint_ctc_attention_loss, sequence_loss
+from common.objectives import check_inter_ctc, check_reduction, drop_prefix, joint_ctc_attention_loss, sequence_loss
 from common.recipe import end_distributed, prepare_experiment
 from common.streaming import check_streamable
 from common.user_errors import UserValueError, run_command
@@ -112,7 +112,7 @@ class ASR(RecipeBrain):
             out.ctc_log_probs, out.seq_log_probs, wav_lens, *batch.tokens, *batch.tokens_eos,
             dec_weight=self.hparams.dec_weight, label_smoothing=self.hparams.label_smoothing,
             ignore_prefix_tokens=len(self.prefix_ids), inter_ctc_log_probs=out.inter_ctc_log_probs,
-            inter_ctc_weight=self.hparams.inter_ctc_weight)
+            inter_ctc_weight=self.hparams.inter_ctc_weight, loss_reduction=self.hparams.loss_reduction)
         self.add_figures({term: value for term, value in losses.items() if term != "loss"})
         if stage != sb.Stage.TRAIN:
             self.score(out, wav_lens, batch, stage)
@@ -123,8 +123,9 @@ class ASR(RecipeBrain):
         ``mt_loss_weight``; ``mt_nll_loss`` and ``mt_accuracy`` logged."""
         seq_log_probs, lens = drop_prefix(seq_log_probs, batch.tokens_eos.lengths, len(self.prefix_ids))
         targets, _ = drop_prefix(batch.tokens_eos.data, batch.tokens_eos.lengths, len(self.prefix_ids))
-        losses = sequence_loss(seq_log_probs, targets, lens, label_smoothing=self.hparams.label_smoothing)
-        self.add_figures({"mt_nll_loss": losses["loss"], "mt_accuracy": losses["accuracy"]})
+        losses = sequence_loss(seq_log_probs, targets, lens, label_smoothing=self.hparams.label_smoothing,
+                               loss_reduction=self.hparams.loss_reduction)
+        self.add_figures({"mt_nll_loss": losses["per_token"], "mt_accuracy": losses["accuracy"]})
         return self.hparams.mt_loss_weight * losses["loss"]
 
     def score(self, out, wav_lens, batch, stage):
@@ -343,6 +344,7 @@ def main(argv):
     brain, hparams = build_brain(argv)
     check_checkpoint_key(hparams["best_checkpoint_key"])
     check_inter_ctc(hparams["inter_ctc_weight"], len(hparams["inter_ctc_layers"]))
+    check_reduction(hparams["loss_reduction"])
     if hparams["chunk_training"]:
         check_streamable(hparams["model"], "chunk_training: True")
     if hparams["freeze_encoder_steps"] and rank_and_world_size()[1] > 1:

@@ -158,3 +158,28 @@ def test_masked_voiced_accuracy_counts_masked_voiced_frames_only():
     assert out["masked_accuracy"] == pytest.approx(3 / 5)  # 0, 1, 4 of the masked 0-4
     assert out["masked_voiced_accuracy"] == pytest.approx(2 / 3)  # 1, 4 of the masked voiced 1, 2, 4
     assert torch.equal(out["loss"], masked_unit_loss(logits, units, mask)["loss"])
+
+
+def test_utterance_reduction_is_speechbrains_batchmean_and_logs_the_same_figures(batch):
+    """loss_reduction=utterance back-propagates each utterance's summed CTC and NLL over the batch
+    (SpeechBrain's batchmean, different from the token mean on utterances of unequal length) while the
+    logged ctc_loss / nll_loss stay the token means, equal under both reductions."""
+    from speechbrain.nnet.losses import ctc_loss, nll_loss
+    token = joint_ctc_attention_loss(**batch, dec_weight=0.3, label_smoothing=0.1)
+    utterance = joint_ctc_attention_loss(**batch, dec_weight=0.3, label_smoothing=0.1, loss_reduction="utterance")
+    ctc = ctc_loss(batch["ctc_log_probs"], batch["tokens"], batch["wav_lens"], batch["tokens_lens"], 0,
+                   reduction="batchmean")
+    nll = nll_loss(batch["seq_log_probs"], batch["tokens_eos"], batch["tokens_eos_lens"], label_smoothing=0.1,
+                   reduction="batchmean")
+    assert torch.allclose(utterance["loss"], 0.7 * ctc + 0.3 * nll, atol=1e-5)
+    assert not torch.allclose(utterance["loss"], token["loss"], atol=1e-3)
+    for term in ("ctc_loss", "nll_loss"):
+        assert torch.allclose(utterance[term], token[term])
+    assert torch.allclose(token["ctc_loss"], hand_ctc(batch), atol=1e-5)
+    assert torch.allclose(token["nll_loss"], hand_nll(batch, 0.1), atol=1e-5)
+
+
+def test_unknown_loss_reduction_is_rejected_with_the_choices(batch):
+    """A misspelt reduction names itself and the two choices."""
+    with pytest.raises(ValueError, match="loss_reduction='sum'.*token, utterance"):
+        joint_ctc_attention_loss(**batch, loss_reduction="sum")
