@@ -27,8 +27,9 @@ leg's (``tandem+lm`` against the +lm legs); no claim is made where the interval 
 
 ``--seeds`` runs every leg once per seed (``<out>/seed<S>/<leg>/``); a leg whose folder holds its
 ``results.json`` is reused, not trained or decoded again, so a three-seed table can be completed over
-several runs. With several seeds a leg's WER is the median over seeds (and its spread, max - min);
-intervals are those of the mean over seeds (each utterance's errors summed over the seeds).
+several runs. With several seeds a leg's WER is the median over seeds, printed with the interval of the
+seed whose WER it is and the spread (max - min), then the seeds pooled (each utterance's errors summed
+over the seeds) with its interval; the differences are those of the pooled WERs.
 
     python bench/learning.py             # one seed: 3 x 20 min of training + an 8-min LM, then decoding
     python bench/learning.py --minutes 60 --seeds 1234 1235 1236 --json
@@ -253,17 +254,21 @@ def over_seeds(per_seed):
 
 
 def leg_rows(legs, runs, scores):
-    """One row per leg and test split (median over seeds, spread, interval of the seed mean)."""
+    """One row per leg and test split: the median WER over seeds with the interval of the seed whose WER is
+    that median (the lower middle one for an even count), its spread (max - min), and the WER of the seeds
+    pooled (each utterance's errors summed over seeds) with its own interval, the one the differences use."""
     rows = []
     for leg in legs:
         figures = {key: stats.median_over_seeds([r[key] for r in runs[leg]])[0]
                    for key in ("updates", "epochs", "audio_hours", "data_wait", "updates_per_minute", "minutes")}
         for split in TESTS:
-            wers = [stats.error_rate(s).value for s in scores[leg][split]]
-            median, spread = stats.median_over_seeds(wers)
-            mean = stats.error_rate(over_seeds(scores[leg][split]))
-            rows.append({"leg": leg, "split": split, "wer": round(median, 2), "wer_ci": mean.as_list(),
-                         "wer_spread": round(spread, 2), "seeds": len(wers), **figures})
+            per_seed = sorted((stats.error_rate(s) for s in scores[leg][split]), key=lambda e: e.value)
+            median, spread = stats.median_over_seeds([e.value for e in per_seed])
+            pooled = stats.error_rate(over_seeds(scores[leg][split]))
+            rows.append({"leg": leg, "split": split, "wer": round(median, 2),
+                         "wer_ci": per_seed[(len(per_seed) - 1) // 2].as_list(), "wer_spread": round(spread, 2),
+                         "wer_pooled": round(pooled.value, 2), "wer_pooled_ci": pooled.as_list(),
+                         "seeds": len(per_seed), **figures})
     return rows
 
 
@@ -296,13 +301,16 @@ def format_table(header, lines):
 
 def report(rows, diffs, runs, args):
     """The three tables: legs, dev choices, differences."""
-    seeds = f"median of {len(args.seeds)} seeds (spread), " if len(args.seeds) > 1 else ""
+    seeds = (f"median of {len(args.seeds)} seeds (spread) [that seed's 95 % interval]; pooled seeds [95 % interval]"
+             if len(args.seeds) > 1 else "[95 % interval]")
     print(f"\nLearning benchmark: {args.minutes:g} min of training per leg (+ {args.lm_minutes:g} min LM for +lm "
-          f"legs), {args.data}, {os.cpu_count()} CPU threads; WER %: {seeds}[95 % interval]")
+          f"legs), {args.data}, {os.cpu_count()} CPU threads; WER %: {seeds}")
     print(format_table(
         ["leg", "split", "WER %", "updates", "epochs", "audio h", "data wait %", "upd/min", "train min"],
         [[r["leg"], r["split"], f"{r['wer']:.2f}" + (f" ({r['wer_spread']:.2f})" if r["seeds"] > 1 else "")
-          + f" [{r['wer_ci'][0]:.2f}, {r['wer_ci'][1]:.2f}]", f"{r['updates']:g}", f"{r['epochs']:g}",
+          + f" [{r['wer_ci'][0]:.2f}, {r['wer_ci'][1]:.2f}]" + (
+              f"; pooled {r['wer_pooled']:.2f} [{r['wer_pooled_ci'][0]:.2f}, {r['wer_pooled_ci'][1]:.2f}]"
+              if r["seeds"] > 1 else ""), f"{r['updates']:g}", f"{r['epochs']:g}",
           f"{r['audio_hours']:.2f}", f"{100 * r['data_wait']:.1f}", f"{r['updates_per_minute']:.1f}",
           f"{r['minutes']:.1f}"] for r in rows]))
     print("\nDev WER % of each decoding setting (* chosen; test decoded once with it)")

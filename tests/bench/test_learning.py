@@ -4,6 +4,7 @@ decodes the tests once and is reported with intervals; a second run reuses the f
 import json
 import os
 
+import numpy as np
 import pytest
 
 from bench import learning
@@ -86,3 +87,30 @@ def test_every_leg_is_reported_with_intervals_and_a_second_run_reuses_them(bench
     again = run_bench(bench_data, out, capsys)
     assert snapshot() == before
     assert json.loads(again.strip().splitlines()[-1])["legs"] == figures["legs"]
+
+
+def test_several_seeds_report_the_median_seed_interval_beside_the_pooled_one():
+    """With three seeds, one far from the other two (as a seed stuck on the CTC plateau), the median WER
+    lies outside the pooled seeds' interval: the row's interval must be the median seed's own, so the
+    printed WER sits inside it, and the pooled WER is reported with its own interval."""
+    from bench import stats
+    keys = [f"u{i}" for i in range(200)]
+    lengths = np.full(200, 10)
+
+    rng = np.random.default_rng(0)
+
+    def scored(share):  # each utterance's edits drawn around share x its 10 words
+        return stats.Scored(keys, rng.binomial(20, share, 200) // 2, lengths)
+    run = {"updates": 10, "epochs": 1, "audio_hours": 0.1, "data_wait": 0.0, "updates_per_minute": 5.0,
+           "minutes": 2.0}
+    per_seed = [scored(0.4), scored(1.0), scored(0.3)]  # WER about 40, 100, 30 %
+    wers = sorted(stats.error_rate(s).value for s in per_seed)
+    rows = learning.leg_rows(["tandem"], {"tandem": [run] * 3},
+                             {"tandem": {split: per_seed for split in learning.TESTS}})
+    for row in rows:
+        assert row["wer"] == pytest.approx(wers[1], abs=0.01)
+        assert row["wer_spread"] == pytest.approx(wers[2] - wers[0], abs=0.01)
+        assert row["wer_ci"][0] < row["wer"] < row["wer_ci"][1]
+        assert row["wer_pooled"] == pytest.approx(sum(wers) / 3, abs=0.01)
+        assert row["wer_pooled_ci"][0] <= row["wer_pooled"] <= row["wer_pooled_ci"][1]
+        assert not row["wer_pooled_ci"][0] <= row["wer"] <= row["wer_pooled_ci"][1]
