@@ -262,11 +262,11 @@ def leg_rows(legs, runs, scores):
         figures = {key: stats.median_over_seeds([r[key] for r in runs[leg]])[0]
                    for key in ("updates", "epochs", "audio_hours", "data_wait", "updates_per_minute", "minutes")}
         for split in TESTS:
-            per_seed = sorted((stats.error_rate(s) for s in scores[leg][split]), key=lambda e: e.value)
+            per_seed = [stats.error_rate(s) for s in scores[leg][split]]
             median, spread = stats.median_over_seeds([e.value for e in per_seed])
             pooled = stats.error_rate(over_seeds(scores[leg][split]))
-            rows.append({"leg": leg, "split": split, "wer": round(median, 2),
-                         "wer_ci": per_seed[(len(per_seed) - 1) // 2].as_list(), "wer_spread": round(spread, 2),
+            rows.append({"leg": leg, "split": split, "wer": round(median, 2), "wer_spread": round(spread, 2),
+                         "wer_ci": stats.median_seed(per_seed, lambda e: e.value).as_list(),
                          "wer_pooled": round(pooled.value, 2), "wer_pooled_ci": pooled.as_list(),
                          "seeds": len(per_seed), **figures})
     return rows

@@ -505,8 +505,8 @@ def median_rows(rows, arms, splits):
     for split in splits:
         for arm in arms:
             mine = [r for r in rows if r["arm"] == arm and r["split"] == split]
-            by_wer = sorted(mine, key=lambda r: r["wer"])[(len(mine) - 1) // 2]
-            by_gain = sorted(mine, key=lambda r: r["gain_vs_scratch_lm"])[(len(mine) - 1) // 2]
+            by_wer = stats.median_seed(mine, lambda r: r["wer"])
+            by_gain = stats.median_seed(mine, lambda r: r["gain_vs_scratch_lm"])
             merged.append({"arm": arm, "split": split, "wer": stats.median_over_seeds([r["wer"] for r in mine])[0],
                            "wer_ci": by_wer["wer_ci"],
                            "gain_vs_scratch_lm": stats.median_over_seeds([r["gain_vs_scratch_lm"] for r in mine])[0],

@@ -152,3 +152,11 @@ def median_over_seeds(values):
     if not values:
         raise ValueError("no seed finished: nothing to take the median of")
     return statistics.median(values), max(values) - min(values)
+
+
+def median_seed(items, key):
+    """The item whose ``key(item)`` is the median over seeds (the lower middle one for an even count): the
+    seed whose own interval is printed beside a median figure."""
+    if not items:
+        raise ValueError("no seed finished: nothing to take the median of")
+    return sorted(items, key=key)[(len(items) - 1) // 2]

@@ -96,7 +96,6 @@ def test_several_seeds_report_the_median_seed_interval_beside_the_pooled_one():
     from bench import stats
     keys = [f"u{i}" for i in range(200)]
     lengths = np.full(200, 10)
-
     rng = np.random.default_rng(0)
 
     def scored(share):  # each utterance's edits drawn around share x its 10 words

@@ -96,3 +96,12 @@ def test_median_over_seeds_and_its_spread():
     assert stats.median_over_seeds([20.0, 18.0, 23.0]) == (20.0, 5.0)
     with pytest.raises(ValueError):
         stats.median_over_seeds([])
+
+
+def test_median_seed_is_the_seed_whose_figure_is_the_median():
+    """The seed printed beside a median: the middle one, the lower middle for an even count."""
+    seeds = [{"seed": 1, "wer": 40.0}, {"seed": 2, "wer": 120.0}, {"seed": 3, "wer": 30.0}]
+    assert stats.median_seed(seeds, lambda r: r["wer"])["seed"] == 1
+    assert stats.median_seed(seeds[1:], lambda r: r["wer"])["seed"] == 3
+    with pytest.raises(ValueError):
+        stats.median_seed([], lambda r: r["wer"])
