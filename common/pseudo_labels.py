@@ -210,6 +210,17 @@ def keep_confident(scored, threshold):
     return {s.key: s.text for s in scored if s.score >= threshold and s.text.strip()}
 
 
+def keep_top_share(scored, share):
+    """``{key: hypothesis}`` of the non-empty hypotheses among the top-scored ``share`` of ``scored``
+    (rounded up; none when ``share`` is 0). The rule for a pool whose scores sit apart from dev's: a
+    labeller is less sure of voices it has not heard, right or wrong, so dev's score keeps almost none of
+    them while the order within the pool still tells its better hypotheses from its worse."""
+    if share <= 0 or not scored:
+        return {}
+    ranked = sorted(scored, key=lambda s: -s.score)[:int(np.ceil(share * len(scored) - 1e-9))]
+    return {s.key: s.text for s in ranked if s.text.strip()}
+
+
 def write_pseudo_parquet(pool_parquets, texts, path):
     """Write the rows of ``pool_parquets`` whose key is in ``texts`` with that text as transcript to
     ``path``: a shard parquet (``common.shard_format``) whose ``shard_name`` points at the pool's tars
@@ -228,11 +239,11 @@ def write_pseudo_parquet(pool_parquets, texts, path):
     return rows
 
 
-def write_scored(scored, threshold, path):
-    """Every pool hypothesis as a JSON line ``{"key", "text", "score", "kept"}`` (a record to inspect)."""
-    lines = "".join(json.dumps({"key": s.key, "text": s.text, "score": round(s.score, 5),
-                                "kept": bool(s.score >= threshold and s.text.strip())}, ensure_ascii=False) + "\n"
-                    for s in scored)
+def write_scored(scored, kept, path):
+    """Every pool hypothesis as a JSON line ``{"key", "text", "score", "kept"}`` (a record to inspect);
+    ``kept``: the keys kept."""
+    lines = "".join(json.dumps({"key": s.key, "text": s.text, "score": round(s.score, 5), "kept": s.key in kept},
+                               ensure_ascii=False) + "\n" for s in scored)
     atomic_write_text(path, lines)
 
 

@@ -13,8 +13,10 @@ model, with the language model given (or its config's), decodes the dev split an
 shard folders (or parquets) with its joint CTC / attention beam search; the confidence threshold is
 chosen on dev by ``common.pseudo_labels.choose_threshold`` (the largest top-scored share of dev whose
 WER is at most ``--wer_ratio`` x the dev WER, or ``--target_wer``); pool hypotheses at or above it
-become transcripts. Every utterance of ``--valid`` and ``--held_out`` is refused from the pool by key
-and by audio content.
+become transcripts, or with ``--keep share`` each ``--unlabelled`` source's own top-scored share of
+the size dev kept (a pool of voices unlike dev's scores lower throughout: dev's score keeps few of
+them). Every utterance of ``--valid`` and ``--held_out`` is refused from the pool by key and by audio
+content.
 
 Writes to ``--output``: ``metadata_pool.parquet`` (the pseudo-labelled rows, pointing at the pool's
 shards), ``pool.jsonl`` (every pool hypothesis, its score and whether it was kept), ``threshold.json``
@@ -39,6 +41,7 @@ from common.pseudo_labels import (
     decode_scored,
     export_as_checkpoint,
     keep_confident,
+    keep_top_share,
     parquet_audio,
     parquet_texts,
     write_pseudo_parquet,
@@ -49,6 +52,7 @@ from common.user_errors import run_command
 
 logger = logging.getLogger("pseudo_label")
 SUMMARY = "threshold.json"
+KEEP_RULES = ("score", "share")
 
 
 def parse_args(argv):
@@ -72,6 +76,10 @@ def parse_args(argv):
     parser.add_argument("--target_wer", type=float, help="or at most this WER (%%), instead of --wer_ratio")
     parser.add_argument("--min_share", type=float, default=DEFAULT_MIN_SHARE,
                         help="the threshold rests on at least this share of dev")
+    parser.add_argument("--keep", choices=KEEP_RULES, default="score",
+                        help="score: every pool hypothesis scoring at least the dev threshold; share: of each "
+                             "--unlabelled source, its own top-scored share as large as the share of dev the "
+                             "threshold keeps (for pools of voices the labeller is less sure of than of dev's)")
     parser.add_argument("--device", default="cpu", help="cpu, cuda, cuda:1 ...")
     return parser.parse_args(argv)
 
@@ -89,17 +97,24 @@ def label(args):
                 threshold.score, 100 * threshold.kept_dev_share, _percent(threshold.kept_dev_wer),
                 threshold.target_wer, threshold.dev_wer)
     guard = HeldOut.of([args.valid, *args.held_out])
-    pool = decode_scored(trained, parquet_audio(args.unlabelled, longest), args.beam, guard=guard)
-    kept = keep_confident(pool, threshold.score)
+    pool, kept, per_source = [], {}, {}
+    for source in args.unlabelled:  # one source at a time: --keep share ranks each against itself
+        scored = decode_scored(trained, parquet_audio([source], longest), args.beam, guard=guard)
+        chosen = (keep_confident(scored, threshold.score) if args.keep == "score"
+                  else keep_top_share(scored, threshold.kept_dev_share))
+        pool, kept = pool + scored, kept | chosen
+        per_source[source] = {"decoded": len(scored), "kept": len(chosen)}
+        logger.info("%s: kept %d of %d hypotheses (--keep %s)", source, len(chosen), len(scored), args.keep)
     os.makedirs(args.output, exist_ok=True)
-    write_scored(pool, threshold.score, os.path.join(args.output, "pool.jsonl"))
+    write_scored(pool, kept, os.path.join(args.output, "pool.jsonl"))
     rows = write_pseudo_parquet(args.unlabelled, kept, os.path.join(args.output, POOL_PARQUET))
     export_as_checkpoint(args.exp_dir, os.path.join(args.output, "model"))
     target = f"{args.target_wer:g} %" if args.target_wer is not None else f"{args.wer_ratio:g} x dev WER"
     summary = {"labeller": args.exp_dir, "lm_dir": trained.settings["lm_dir"],
                "lm_weight": trained.settings["lm_weight"],
                "rule": f"largest top-scored share (>= {args.min_share:g}) of dev with WER <= {target}",
-               **threshold.as_dict(), "pool_decoded": len(pool), "kept": len(rows),
+               "keep": args.keep, **threshold.as_dict(), "pool_decoded": len(pool), "kept": len(rows),
+               "per_source": per_source,
                "kept_seconds": round(sum(r["duration"] for r in rows), 2),
                "minutes": round((time.perf_counter() - began) / 60.0, 3)}
     atomic_write_text(os.path.join(args.output, SUMMARY), json.dumps(summary, indent=2) + "\n")

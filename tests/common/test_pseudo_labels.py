@@ -15,6 +15,7 @@ from common.pseudo_labels import (
     choose_threshold,
     decode_scored,
     keep_confident,
+    keep_top_share,
     parquet_audio,
     write_pseudo_parquet,
 )
@@ -49,6 +50,15 @@ def test_no_pseudo_label_is_kept_when_no_dev_share_meets_the_target():
     threshold = choose_threshold(dev, {f"u{i}": "right text" for i in range(10)}, target_wer=10.0)
     assert threshold.score == float("inf") and keep_confident(dev, threshold.score) == {}
     assert threshold.as_dict()["kept_dev_wer"] is None
+
+
+def test_a_top_share_is_taken_within_the_pool_whatever_its_scores():
+    """keep_top_share ranks a pool against itself: of ten hypotheses scoring far below any dev threshold,
+    a 0.25 share keeps the top three (rounded up), less an empty one among them; a share of 0 keeps none."""
+    pool = [Scored(f"p{i}", "" if i == 1 else f"words {i}", -9.0 - 0.1 * i) for i in range(10)]
+    assert keep_top_share(pool, 0.25) == {"p0": "words 0", "p2": "words 2"}
+    assert keep_top_share(pool, 0.0) == {} and keep_top_share([], 0.5) == {}
+    assert len(keep_top_share(pool, 1.0)) == 9
 
 
 def renamed_shards(folder, manifest, prefix):
