@@ -217,7 +217,8 @@ def keep_top_share(scored, share):
     them while the order within the pool still tells its better hypotheses from its worse."""
     if share <= 0 or not scored:
         return {}
-    ranked = sorted(scored, key=lambda s: -s.score)[:int(np.ceil(share * len(scored) - 1e-9))]
+    count = int(np.ceil(share * len(scored) - 1e-9))  # 0.6 x 10 must give 6 when the float product is 6.0000001
+    ranked = sorted(scored, key=lambda s: -s.score)[:count]
     return {s.key: s.text for s in ranked if s.text.strip()}
 
 

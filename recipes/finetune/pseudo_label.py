@@ -102,7 +102,8 @@ def label(args):
         scored = decode_scored(trained, parquet_audio([source], longest), args.beam, guard=guard)
         chosen = (keep_confident(scored, threshold.score) if args.keep == "score"
                   else keep_top_share(scored, threshold.kept_dev_share))
-        pool, kept = pool + scored, kept | chosen
+        pool += scored
+        kept |= chosen
         per_source[source] = {"decoded": len(scored), "kept": len(chosen)}
         logger.info("%s: kept %d of %d hypotheses (--keep %s)", source, len(chosen), len(scored), args.keep)
     os.makedirs(args.output, exist_ok=True)
