@@ -30,7 +30,10 @@ is ``scratch+lm,joint+lm``):
   ``new_voices_share+lm``: the same with ``pseudo_label.py --keep share``: each pool keeps its own
   top-scored share of the size dev's threshold keeps, instead of dev's score (which kept 10 of the new
   voices' 300 utterances in G3: the labeller is less sure of voices it has not heard).
-- ``scratch_equal_minutes``: scratch given the joint arm's pretraining minutes on top of its own.
+- ``scratch_equal_minutes`` (``+lm``): scratch finetuned for every minute the joint arm spent before its
+  LM (its pretraining and each pretrained-parts candidate), less one finetune's start-up and dev pass as
+  scratch spent them: with the LM, the minutes of ``joint+lm``. What a user would do with that time
+  instead of pretraining.
 
 Every finetune has the same config, overrides (``--finetune-overrides``; by default no speed
 perturbation for every arm: with it, 225 utterances stayed on the CTC plateau from scratch) and
@@ -94,6 +97,7 @@ ARMS = {
     "all_labels+lm": ("all_labels", True),
     "new_voices_pool+lm": ("new_voices_pool", True), "new_voices_share+lm": ("new_voices_share", True),
     "scratch_equal_minutes": ("scratch_equal_minutes", False),
+    "scratch_equal_minutes+lm": ("scratch_equal_minutes", True),
 }
 NO_SPEED_PERTURB = """'--train_loader={"speed_perturb":null}'"""  # shell words: quotes survive shlex.split
 CORE_ARMS = ("scratch+lm", "joint+lm")
@@ -371,9 +375,10 @@ class Bench:
         if name == "scratch":
             return Model(self.finetune(where, [labelled], a.finetune_minutes), {where: self.done[where]})
         if name == "scratch_equal_minutes":
-            self.pretrained("joint")  # its minutes are what this arm gets on top
-            extra = self.done["pretrain_joint"]
-            return Model(self.finetune(where, [labelled], a.finetune_minutes + extra), {where: self.done[where]})
+            joint, scratch = self.model("joint", seed), self.model("scratch", seed)
+            overhead = max(0.0, sum(scratch.components.values()) - a.finetune_minutes)  # start-up, dev pass
+            budget = round(sum(joint.components.values()) - overhead, 2)
+            return Model(self.finetune(where, [labelled], budget), {where: self.done[where]})
         if name == "all_labels":
             everything = os.path.join(self.data.shards["train"], POOL_PARQUET)
             return Model(self.finetune("all_labels", [everything], a.finetune_minutes),
@@ -524,15 +529,35 @@ def median_rows(rows, arms, splits):
     return merged
 
 
+def equal_minutes_gains(bench, seeds, splits):
+    """Per split and subset, joint+lm's relative WER gain against scratch_equal_minutes+lm (the same
+    minutes, spent on finetuning instead of pretraining), with its paired interval; then the median."""
+    rows = []
+    for split in splits:
+        mine = []
+        for seed in seeds:
+            scratch = bench.decode(bench.model("scratch_equal_minutes", seed), split, True)
+            gain = stats.relative_gain(bench.decode(bench.model("joint", seed), split, True), scratch)
+            mine.append({"split": split, "seed": seed, "gain": round(gain.value, 4), "gain_ci": gain.as_list()})
+        middle = stats.median_seed(mine, lambda r: r["gain"])
+        rows += mine
+        print(f"joint+lm against scratch_equal_minutes+lm on {split}: " + ", ".join(
+            f"{r['seed']} {r['gain']:+.1%} [{r['gain_ci'][0]:+.1%}, {r['gain_ci'][1]:+.1%}]" for r in mine)
+              + f"; median {middle['gain']:+.1%}: " + ("lower, interval above 0" if middle["gain_ci"][0] > 0 else
+                                                       "no difference shown" if middle["gain_ci"][1] >= 0 else
+                                                       "HIGHER, interval below 0"), flush=True)
+    return rows
+
+
 def format_table(rows, title):
     """One line per arm and split: WER [interval], gain vs scratch+lm [interval], minutes."""
-    lines = [title, f"{'arm':<24}{'split':<13}{'WER % [95 % CI]':>24}{'gain vs scratch+lm [95 % CI]':>32}"
+    lines = [title, f"{'arm':<26}{'split':<13}{'WER % [95 % CI]':>24}{'gain vs scratch+lm [95 % CI]':>32}"
                     f"{'minutes':>9}"]
     for r in rows:
         wer = f"{r['wer']:.2f} [{r['wer_ci'][0]:.2f}, {r['wer_ci'][1]:.2f}]"
         gain = ("—" if r["arm"] == REFERENCE else
                 f"{r['gain_vs_scratch_lm']:+.1%} [{r['gain_ci'][0]:+.1%}, {r['gain_ci'][1]:+.1%}]")
-        lines.append(f"{r['arm']:<24}{r['split']:<13}{wer:>24}{gain:>32}{r['minutes']:>9.1f}")
+        lines.append(f"{r['arm']:<26}{r['split']:<13}{wer:>24}{gain:>32}{r['minutes']:>9.1f}")
     return "\n".join(lines)
 
 
@@ -586,9 +611,11 @@ def main(argv=None):
         print(format_table(merged, f"\nmedian of {len(seeds)} subsets (intervals: the median subset's):"))
     for line in goals(merged, data.tests):
         print(line)
+    equal = (equal_minutes_gains(bench, seeds, data.tests)
+             if {"joint+lm", "scratch_equal_minutes+lm"} <= set(arms) else [])
     if args.json:
         print(json.dumps({"arms": merged, "per_seed": rows, "best": best, "best_dev_wer": dev,
-                          "pretrained_parts_dev": bench.choices,
+                          "pretrained_parts_dev": bench.choices, "joint_vs_equal_minutes": equal,
                           "seeds": seeds, "labelled_share": args.labelled_share}))
 
 

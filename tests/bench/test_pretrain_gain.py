@@ -7,9 +7,11 @@ import shlex
 import subprocess
 import sys
 
+import pytest
 import yaml
 
-from bench.pretrain_gain import NO_SPEED_PERTURB, text_without_train
+from bench import pretrain_gain
+from bench.pretrain_gain import NO_SPEED_PERTURB, Bench, Data, Model, parse_args, text_without_train
 from tests.recipes.finetune_args import REPO, TINY
 from tests.recipes.test_lm import TINY_LM
 from tests.recipes.test_pretrain import TINY as TINY_PRETRAIN
@@ -86,3 +88,27 @@ def test_the_default_finetune_override_reaches_train_py_as_a_mapping():
     (word,) = shlex.split(NO_SPEED_PERTURB)
     key, value = word.split("=", 1)
     assert key == "--train_loader" and yaml.safe_load(value) == {"speed_perturb": None}
+
+
+def test_scratch_at_equal_minutes_is_charged_what_joint_lm_spent(monkeypatch, tmp_path):
+    """scratch_equal_minutes finetunes for every minute the joint arm spent before its LM (pretraining and
+    both parts candidates) less scratch's own start-up and dev pass, so with the LM both arms are
+    charged the same minutes; the labelled subset is the seed's, as scratch's."""
+    monkeypatch.setattr(pretrain_gain, "labelled_subset", lambda shards, share, seed: (f"labelled{seed}", "pool"))
+    bench = Bench(parse_args(["--exp", str(tmp_path), "--finetune-minutes", "9"]), Data({"train": "t"}, [], "", "", ""))
+    bench.done["lm"] = 7.1
+    bench.models["scratch", 1234] = Model("scratch", {"seed1234/scratch": 9.2})
+    bench.models["joint", 1234] = Model("joint", {"pretrain_joint": 7.1, "seed1234/joint": 9.2,
+                                                  "seed1234/joint_decoder": 9.1})
+    asked = []
+
+    def finetune(name, parquets, minutes, init=None, parts=None):
+        asked.append((name, parquets, minutes, init))
+        bench.done[name] = minutes + 0.2  # the start-up and dev pass scratch also spent
+        return name
+
+    monkeypatch.setattr(bench, "finetune", finetune)
+    equal = bench.model("scratch_equal_minutes", 1234)
+    assert asked == [("seed1234/scratch_equal_minutes", ["labelled1234"], pytest.approx(25.2), None)]
+    assert bench.minutes(equal, True) == pytest.approx(bench.minutes(bench.models["joint", 1234], True))
+    assert bench.minutes(equal, True) > bench.minutes(bench.models["scratch", 1234], True) + 16
