@@ -541,11 +541,11 @@ def equal_minutes_gains(bench, seeds, splits):
             mine.append({"split": split, "seed": seed, "gain": round(gain.value, 4), "gain_ci": gain.as_list()})
         middle = stats.median_seed(mine, lambda r: r["gain"])
         rows += mine
+        verdict = stats.verdict(stats.Estimate(middle["gain"], *middle["gain_ci"]), lower="joint+lm HIGHER",
+                                higher="joint+lm lower")  # a gain above 0 is fewer errors
         print(f"joint+lm against scratch_equal_minutes+lm on {split}: " + ", ".join(
             f"{r['seed']} {r['gain']:+.1%} [{r['gain_ci'][0]:+.1%}, {r['gain_ci'][1]:+.1%}]" for r in mine)
-              + f"; median {middle['gain']:+.1%}: " + ("lower, interval above 0" if middle["gain_ci"][0] > 0 else
-                                                       "no difference shown" if middle["gain_ci"][1] >= 0 else
-                                                       "HIGHER, interval below 0"), flush=True)
+              + f"; median {middle['gain']:+.1%}: {verdict}", flush=True)
     return rows
 
 
