@@ -289,13 +289,18 @@ def run(command):
 
 
 def step(folder, command):
-    """Run ``command`` unless ``folder`` holds its finished record; returns the minutes it took (then)."""
+    """Run ``command`` unless ``folder`` holds its finished record; returns the minutes it took (then). A
+    record of another command (other overrides, budgets, inputs) stops the bench rather than reuse it."""
     record = os.path.join(folder, STEP_RECORD)
     if os.path.isfile(record):
         with open(record, encoding="utf-8") as f:
-            minutes = json.load(f)["minutes"]
-        print(f"reused {folder} ({minutes:.1f} min)", flush=True)
-        return minutes
+            done = json.load(f)
+        if shlex.split(done["command"])[1:] != command[1:]:  # the interpreter's path may differ
+            raise SystemExit(f"error: {folder} was made by another command:\n  {done['command']}\nnot\n  "
+                             f"{shlex.join(command)}\ngive --exp another folder, or remove {folder} to train it "
+                             "again")
+        print(f"reused {folder} ({done['minutes']:.1f} min)", flush=True)
+        return done["minutes"]
     minutes = run(command)
     os.makedirs(folder, exist_ok=True)
     atomic_write_text(record, json.dumps({"minutes": round(minutes, 3), "command": shlex.join(command)}) + "\n")

@@ -11,7 +11,7 @@ import pytest
 import yaml
 
 from bench import pretrain_gain
-from bench.pretrain_gain import NO_SPEED_PERTURB, Bench, Data, Model, parse_args, text_without_train
+from bench.pretrain_gain import NO_SPEED_PERTURB, Bench, Data, Model, parse_args, step, text_without_train
 from tests.recipes.finetune_args import REPO, TINY
 from tests.recipes.test_lm import TINY_LM
 from tests.recipes.test_pretrain import TINY as TINY_PRETRAIN
@@ -112,3 +112,18 @@ def test_scratch_at_equal_minutes_is_charged_what_joint_lm_spent(monkeypatch, tm
     assert asked == [("seed1234/scratch_equal_minutes", ["labelled1234"], pytest.approx(25.2), None)]
     assert bench.minutes(equal, True) == pytest.approx(bench.minutes(bench.models["joint", 1234], True))
     assert bench.minutes(equal, True) > bench.minutes(bench.models["scratch", 1234], True) + 16
+
+
+def test_a_finished_step_is_reused_only_for_the_command_that_made_it(tmp_path, capsys):
+    """A step folder's record is reused when the command is the same (whatever the interpreter's path);
+    with other overrides the bench stops, naming the folder and both commands, instead of charging and
+    decoding a model trained otherwise."""
+    folder = tmp_path / "seed1234" / "scratch"
+    folder.mkdir(parents=True)
+    (folder / "bench_step.json").write_text(json.dumps({"minutes": 9.2, "command": "/old/python train.py a.yaml "
+                                                                                 "--train_minutes=9.0"}))
+    assert step(str(folder), [sys.executable, "train.py", "a.yaml", "--train_minutes=9.0"]) == 9.2
+    assert "reused" in capsys.readouterr().out
+    with pytest.raises(SystemExit, match="made by another command") as stopped:
+        step(str(folder), [sys.executable, "train.py", "a.yaml", "--train_minutes=9.0", "--train_loader={}"])
+    assert str(folder) in str(stopped.value) and "--train_loader" in str(stopped.value)
