@@ -36,7 +36,9 @@ is ``scratch+lm,joint+lm``):
   instead of pretraining.
 
 Every finetune has the same config, overrides (``--finetune-overrides``; by default no speed
-perturbation for every arm: with it, 225 utterances stayed on the CTC plateau from scratch) and
+perturbation for every arm, set when per-token loss means kept 225 utterances on the CTC plateau with
+it; under ``small.yaml``'s per-utterance sums scratch learns with it and is stronger: RESULTS.md G5b,
+so ``--finetune-overrides=`` is the fairer table, not yet run) and
 ``--finetune-minutes``, but for one rule the bench applies per pretrained arm on dev: what the finetune
 keeps of the pretraining (``--pretrained-parts``: every part, or the decoder alone on a fresh encoder),
 each candidate finetuned, the one of lowest greedy CTC dev CER kept, all of them charged. Selection (these
