@@ -123,6 +123,9 @@ def parse_args(argv=None):
     parser.add_argument("--data", help="working folder for shards, text parquets, tokenizer (default: the "
                                        "corpus folder's parent)")
     parser.add_argument("--exp", default="exp/bench_pretrain_gain", help="folder of every arm's experiments")
+    parser.add_argument("--upstream-exp", help="folder of the LM and the pretrainings (default: --exp); another "
+                                               "bench's --exp reuses them, charged their recorded minutes, when "
+                                               "only the finetunes change")
     parser.add_argument("--arms", default="core", help="core, all, or a comma-separated list of " + ", ".join(ARMS))
     parser.add_argument("--seeds", type=int, default=1, help="labelled subsets (seeds 1234, 1235, ...)")
     parser.add_argument("--labelled-share", type=float, default=0.15, help="share of train that is labelled")
@@ -158,6 +161,7 @@ def parse_args(argv=None):
     args.lm_minutes = args.pretrain_minutes if args.lm_minutes is None else args.lm_minutes
     args.self_training_minutes = args.self_training_minutes or args.finetune_minutes
     args.corpus, args.exp = os.path.abspath(args.corpus), os.path.abspath(args.exp)
+    args.upstream_exp = os.path.abspath(args.upstream_exp or args.exp)
     args.data = os.path.abspath(args.data or os.path.dirname(args.corpus))
     for key in ("pretrain_config", "finetune_config", "lm_config"):
         setattr(args, key, os.path.join(REPO, getattr(args, key)))
@@ -330,18 +334,18 @@ class Bench:
     def lm(self):
         """The LM on lm_text.txt, trained once for ``--lm-minutes``."""
         if "lm" not in self.done:
-            a, folder = self.args, os.path.join(self.args.exp, "lm")
+            a, folder = self.args, os.path.join(self.args.upstream_exp, "lm")
             self.done["lm"] = step(folder, [
                 sys.executable, "recipes/lm/train.py", a.lm_config, f"--output_folder={folder}",
                 f"--tokenizer_file={self.data.tokenizer}", f"--train_parquets=[{self.data.lm_text}]",
                 f"--valid_parquet={self.data.lm_valid}", "--number_of_epochs=1000", f"--train_minutes={a.lm_minutes}",
                 "--noprogressbar", *shlex.split(a.lm_overrides)])
-        return os.path.join(self.args.exp, "lm")
+        return os.path.join(self.args.upstream_exp, "lm")
 
     def pretrained(self, modality):
         """The pretraining on ``modality`` (speech, text, joint), run once for ``--pretrain-minutes``."""
         name, a = f"pretrain_{modality}", self.args
-        folder = os.path.join(a.exp, name)
+        folder = os.path.join(a.upstream_exp, name)
         if name not in self.done:
             self.done[name] = step(folder, [
                 sys.executable, "recipes/pretrain/train.py", a.pretrain_config, f"--output_folder={folder}",

@@ -127,3 +127,21 @@ def test_a_finished_step_is_reused_only_for_the_command_that_made_it(tmp_path, c
     with pytest.raises(SystemExit, match="made by another command") as stopped:
         step(str(folder), [sys.executable, "train.py", "a.yaml", "--train_minutes=9.0", "--train_loader={}"])
     assert str(folder) in str(stopped.value) and "--train_loader" in str(stopped.value)
+
+
+def test_upstream_exp_holds_the_lm_and_pretraining_and_exp_the_finetunes(monkeypatch, tmp_path):
+    """With --upstream-exp, the LM and the pretraining are read from (or trained into) that folder while
+    every finetune goes to --exp, so a bench that changes only finetune overrides reuses them; without it
+    all of them live in --exp."""
+    monkeypatch.setattr(pretrain_gain, "labelled_subset", lambda shards, share, seed: (f"labelled{seed}", "pool"))
+    monkeypatch.setattr(pretrain_gain, "dev_figures", lambda folder: {"cer": 30.0, "wer": 70.0})
+    steps = []
+    monkeypatch.setattr(pretrain_gain, "step", lambda folder, command: steps.append(folder) or 7.0)
+    data = Data({"train": "t", "valid": "v"}, [], "", "", "")
+    for argv, upstream in (([], tmp_path / "new"), (["--upstream-exp", str(tmp_path / "old")], tmp_path / "old")):
+        steps.clear()
+        bench = Bench(parse_args(["--exp", str(tmp_path / "new"), "--pretrained-parts", "all", *argv]), data)
+        bench.lm()
+        bench.model("joint", 1234)
+        assert steps == [str(upstream / "lm"), str(upstream / "pretrain_joint"),
+                         str(tmp_path / "new" / "seed1234" / "joint")]
