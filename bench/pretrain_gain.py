@@ -30,6 +30,9 @@ is ``scratch+lm,joint+lm``):
   ``new_voices_share+lm``: the same with ``pseudo_label.py --keep share``: each pool keeps its own
   top-scored share of the size dev's threshold keeps, instead of dev's score (which kept 10 of the new
   voices' 300 utterances in G3: the labeller is less sure of voices it has not heard).
+- ``--speech-curve 7,15,30,60``: speech-only pretraining of each budget, finetuned as ``speech``, and its
+  dev gain over scratch (greedy CTC, no LM) against the minutes: where unlabelled speech starts to pay,
+  if it does at all on this machine. Dev only; it adds no row to the test table.
 - ``scratch_equal_minutes`` (``+lm``): scratch finetuned for every minute the joint arm spent before its
   LM (its pretraining and each pretrained-parts candidate), less one finetune's start-up and dev pass as
   scratch spent them: with the LM, the minutes of ``joint+lm``. What a user would do with that time
@@ -112,6 +115,8 @@ SELF_TRAINING = {  # model -> (labeller, pools, pseudo_label.py options of the a
     "new_voices_pool": ("scratch", ("pool", NEW_VOICES), []),
     "new_voices_share": ("scratch", ("pool", NEW_VOICES), ["--keep", "share"])}
 NEW_VOICE_ARMS = ("new_voices_pool+lm", "new_voices_share+lm")
+CURVE_PREFIX = "speech_"  # model speech_<m>min: finetuned from speech-only pretraining of m minutes
+DEV_HYPS = "hyp_valid_ctc_greedy.jsonl"  # a finetune's test stage over dev (greedy CTC, no LM)
 
 
 def parse_args(argv=None):
@@ -152,12 +157,23 @@ def parse_args(argv=None):
                              "finetune's greedy CTC dev CER), each candidate finetuned and charged: of "
                              + ", ".join(PARTS))
     parser.add_argument("--pseudo-label-args", default="", help="more recipes/finetune/pseudo_label.py options")
+    parser.add_argument("--speech-curve", default="",
+                        help="pretraining budgets in minutes (e.g. 7,15,30,60): speech-only pretraining of each, "
+                             "finetuned as the speech arm, and its dev gain over scratch against the minutes "
+                             "(dev only, no LM): where unlabelled speech starts to pay, if it does")
     parser.add_argument("--json", action="store_true", help="end with one JSON line of the figures")
     args = parser.parse_args(argv)
     args.arms = arm_list(args.arms)
     args.pretrained_parts = [name.strip() for name in args.pretrained_parts.split(",") if name.strip()]
     if not args.pretrained_parts or set(args.pretrained_parts) - set(PARTS):
         raise SystemExit(f"error: --pretrained-parts {args.pretrained_parts}: use names of {list(PARTS)}")
+    try:
+        args.speech_curve = sorted({float(m) for m in args.speech_curve.split(",") if m.strip()})
+    except ValueError:
+        raise SystemExit(f"error: --speech-curve {args.speech_curve!r}: give minutes separated by commas, e.g. "
+                         "7,15,30,60") from None
+    if any(m <= 0 for m in args.speech_curve):
+        raise SystemExit(f"error: --speech-curve {args.speech_curve}: every budget must be above 0 minutes")
     args.lm_minutes = args.pretrain_minutes if args.lm_minutes is None else args.lm_minutes
     args.self_training_minutes = args.self_training_minutes or args.finetune_minutes
     args.corpus, args.exp = os.path.abspath(args.corpus), os.path.abspath(args.exp)
@@ -342,9 +358,12 @@ class Bench:
                 "--noprogressbar", *shlex.split(a.lm_overrides)])
         return os.path.join(self.args.upstream_exp, "lm")
 
-    def pretrained(self, modality):
-        """The pretraining on ``modality`` (speech, text, joint), run once for ``--pretrain-minutes``."""
-        name, a = f"pretrain_{modality}", self.args
+    def pretrained(self, modality, minutes=None):
+        """The pretraining on ``modality`` (speech, text, joint), run once for ``minutes`` (default
+        ``--pretrain-minutes``; another budget, as ``--speech-curve`` asks, has a folder of its own)."""
+        a = self.args
+        minutes = a.pretrain_minutes if minutes is None else minutes
+        name = f"pretrain_{modality}" + ("" if minutes == a.pretrain_minutes else f"_{minutes:g}min")
         folder = os.path.join(a.upstream_exp, name)
         if name not in self.done:
             self.done[name] = step(folder, [
@@ -353,7 +372,7 @@ class Bench:
                 f"--speech_parquets=[{os.path.join(self.data.shards['train'], POOL_PARQUET)}]",
                 f"--text_parquets=[{self.data.lm_text}]",
                 f"--valid_parquet={os.path.join(self.data.shards['valid'], POOL_PARQUET)}",
-                "--number_of_epochs=1000", f"--train_minutes={a.pretrain_minutes}", "--noprogressbar",
+                "--number_of_epochs=1000", f"--train_minutes={minutes}", "--noprogressbar",
                 *MODALITIES[modality], *shlex.split(a.pretrain_overrides)])
         return folder
 
@@ -383,6 +402,8 @@ class Bench:
         where = f"seed{seed}/{name}"
         if name in MODALITIES:
             return self.finetune_pretrained(name, where, labelled)
+        if name.startswith(CURVE_PREFIX):  # speech_<m>min: speech pretraining of another budget
+            return self.finetune_pretrained("speech", where, labelled, float(name[len(CURVE_PREFIX):-len("min")]))
         if name == "scratch":
             return Model(self.finetune(where, [labelled], a.finetune_minutes), {where: self.done[where]})
         if name == "scratch_equal_minutes":
@@ -398,12 +419,12 @@ class Bench:
         return self.self_train(where, self.model(labeller, seed), labelled, {"pool": pool, NEW_VOICES:
                                                                              self.data.new_voices}, pools, options)
 
-    def finetune_pretrained(self, modality, where, labelled):
-        """Finetune from the ``modality`` pretraining once per ``--pretrained-parts`` candidate and keep
-        the one of lowest dev CER (the finetune's own greedy CTC pass over dev); every candidate's
-        minutes are charged to the arm."""
-        a, init = self.args, self.pretrained(modality)
-        components, dev = {f"pretrain_{modality}": self.done[f"pretrain_{modality}"]}, {}
+    def finetune_pretrained(self, modality, where, labelled, pretrain_minutes=None):
+        """Finetune from the ``modality`` pretraining (of ``pretrain_minutes``) once per
+        ``--pretrained-parts`` candidate and keep the one of lowest dev CER (the finetune's own greedy CTC
+        pass over dev); every candidate's minutes are charged to the arm."""
+        a, init = self.args, self.pretrained(modality, pretrain_minutes)
+        components, dev = {os.path.basename(init): self.done[os.path.basename(init)]}, {}
         for parts in a.pretrained_parts:
             folder = where if parts == "all" else f"{where}_{parts}"
             dev[folder] = (dev_figures(self.finetune(folder, [labelled], a.finetune_minutes, init, parts)), parts)
@@ -494,6 +515,43 @@ def train_all(bench, arms, seeds):
                 bench.model(name, seed)
             if with_lm:
                 bench.lm()
+
+
+def curve_model(args, minutes):
+    """The model of ``--speech-curve``'s budget ``minutes``: the speech arm's at ``--pretrain-minutes``."""
+    return "speech" if minutes == args.pretrain_minutes else f"{CURVE_PREFIX}{minutes:g}min"
+
+
+def speech_curve(bench, seeds):
+    """Speech-only pretraining's dev gain over scratch (greedy CTC, no LM, the finetunes' own pass over
+    dev) per ``--speech-curve`` budget and subset, with paired intervals, then the median per budget.
+    Dev only: the curve finds the budget where unlabelled speech starts to pay; the test splits are
+    read for the table's arms alone."""
+    rows = []
+    print("\nspeech-only pretraining against scratch on dev (greedy CTC, no LM; gain: relative, paired 95 % CI):")
+    for minutes in bench.args.speech_curve:
+        mine = []
+        for seed in seeds:
+            scratch, speech = bench.model("scratch", seed), bench.model(curve_model(bench.args, minutes), seed)
+            row = {"pretrain_minutes": minutes, "seed": seed, "minutes": round(bench.minutes(speech, False), 1),
+                   "scratch_minutes": round(bench.minutes(scratch, False), 1)}
+            for unit, name in (("char", "cer"), ("word", "wer")):
+                ours, base = (stats.read_scored(os.path.join(m.folder, DEV_HYPS), unit) for m in (speech, scratch))
+                gain = stats.relative_gain(ours, base)
+                row |= {f"dev_{name}": round(stats.error_rate(ours).value, 2),
+                        f"scratch_dev_{name}": round(stats.error_rate(base).value, 2),
+                        f"{name}_gain": round(gain.value, 4), f"{name}_gain_ci": gain.as_list()}
+            mine.append(row)
+            print(f"  {minutes:g} min, subset {seed}: dev CER {row['dev_cer']:.2f} against {row['scratch_dev_cer']:.2f}"
+                  f" ({row['cer_gain']:+.1%} [{row['cer_gain_ci'][0]:+.1%}, {row['cer_gain_ci'][1]:+.1%}]), WER "
+                  f"{row['dev_wer']:.2f} against {row['scratch_dev_wer']:.2f} ({row['wer_gain']:+.1%}); minutes "
+                  f"{row['minutes']:.1f} against {row['scratch_minutes']:.1f}", flush=True)
+        middle = stats.median_seed(mine, lambda r: r["cer_gain"])
+        verdict = stats.verdict(stats.Estimate(middle["cer_gain"], *middle["cer_gain_ci"]),
+                                lower="speech pretraining HIGHER", higher="speech pretraining lower")
+        print(f"  {minutes:g} min: median dev CER gain {middle['cer_gain']:+.1%}: {verdict}", flush=True)
+        rows += mine
+    return rows
 
 
 def choose_best(bench, seeds):
@@ -611,6 +669,10 @@ def main(argv=None):
     bench, seeds = Bench(args, data), [FIRST_SEED + i for i in range(args.seeds)]
     arms = available_arms(args, data)
     train_all(bench, arms, seeds)
+    for seed in seeds:  # the curve's finetunes, after the table's
+        for minutes in args.speech_curve:
+            bench.model(curve_model(args, minutes), seed)
+    curve = speech_curve(bench, seeds) if args.speech_curve else []
     best, dev = choose_best(bench, seeds) if "best+lm" in arms else (None, {})
     rows = []  # the test splits are decoded only now, after every choice made on dev
     for seed in seeds:
@@ -627,6 +689,7 @@ def main(argv=None):
     if args.json:
         print(json.dumps({"arms": merged, "per_seed": rows, "best": best, "best_dev_wer": dev,
                           "pretrained_parts_dev": bench.choices, "joint_vs_equal_minutes": equal,
+                          "speech_curve": curve,
                           "seeds": seeds, "labelled_share": args.labelled_share}))
 
 

@@ -145,3 +145,44 @@ def test_upstream_exp_holds_the_lm_and_pretraining_and_exp_the_finetunes(monkeyp
         bench.model("joint", 1234)
         assert steps == [str(upstream / "lm"), str(upstream / "pretrain_joint"),
                          str(tmp_path / "new" / "seed1234" / "joint")]
+
+
+def test_speech_curve_pretrains_once_per_budget_and_scores_dev_against_scratch(monkeypatch, tmp_path):
+    """--speech-curve 7,15: one speech-only pretraining per budget (7 is the speech arm's own, 15 a folder
+    of its own, each with its --train_minutes), each finetuned as the speech arm; its rows are the paired
+    dev gains over scratch from the finetunes' greedy dev hypotheses, with every minute charged."""
+    monkeypatch.setattr(pretrain_gain, "labelled_subset", lambda shards, share, seed: (f"labelled{seed}", "pool"))
+    refs = [f"a{i} b{i} c{i} d{i}" for i in range(40)]
+    errors = {"scratch": 2, "speech": 3, "speech_15min": 1}  # wrong words per utterance on dev
+    pretrainings = []
+
+    def step(folder, command):
+        minutes = float(next(w for w in command if w.startswith("--train_minutes=")).split("=")[1])
+        os.makedirs(folder, exist_ok=True)
+        if "recipes/pretrain/train.py" in command:
+            pretrainings.append((os.path.basename(folder), minutes))
+        else:
+            wrong = errors[os.path.basename(folder)]
+            lines = [{"key": f"u{i}", "ref": ref, "hyp": " ".join(["x"] * wrong + ref.split()[wrong:])}
+                     for i, ref in enumerate(refs)]
+            with open(os.path.join(folder, "hyp_valid_ctc_greedy.jsonl"), "w") as f:
+                f.writelines(json.dumps(line) + "\n" for line in lines)
+            with open(os.path.join(folder, "results.json"), "w") as f:
+                json.dump({"valid": {"wer": 25.0 * wrong, "cer": 20.0 * wrong}}, f)
+        return minutes + 0.2
+
+    monkeypatch.setattr(pretrain_gain, "step", step)
+    args = parse_args(["--exp", str(tmp_path), "--pretrained-parts", "all", "--speech-curve", "15,7"])
+    bench = Bench(args, Data({"train": "t", "valid": "v"}, [], "", "", ""))
+    for minutes in args.speech_curve:
+        bench.model(pretrain_gain.curve_model(args, minutes), 1234)
+    rows = pretrain_gain.speech_curve(bench, [1234])
+    assert pretrainings == [("pretrain_speech", 7.0), ("pretrain_speech_15min", 15.0)]
+    assert bench.models["speech", 1234].folder == str(tmp_path / "seed1234" / "speech")
+    by_budget = {row["pretrain_minutes"]: row for row in rows}
+    assert by_budget[7.0]["wer_gain"] == pytest.approx(1 - 3 / 2) and by_budget[7.0]["wer_gain_ci"][1] < 0
+    assert by_budget[15.0]["wer_gain"] == pytest.approx(1 - 1 / 2) and by_budget[15.0]["cer_gain_ci"][0] > 0
+    assert by_budget[15.0]["minutes"] == pytest.approx(15.2 + 9.2)
+    assert by_budget[15.0]["scratch_minutes"] == pytest.approx(9.2)
+    with pytest.raises(SystemExit, match="--speech-curve"):
+        parse_args(["--speech-curve", "7,fifteen"])
