@@ -39,13 +39,13 @@ is ``scratch+lm,joint+lm``):
   instead of pretraining.
 
 Every finetune has the same config, overrides (``--finetune-overrides``; by default no speed
-perturbation for every arm, set when per-token loss means kept 225 utterances on the CTC plateau with
-it; under ``small.yaml``'s per-utterance sums scratch learns with it and is stronger: RESULTS.md G5b,
-so ``--finetune-overrides=`` is the fairer table, not yet run) and
-``--finetune-minutes``, but for one rule the bench applies per pretrained arm on dev: what the finetune
-keeps of the pretraining (``--pretrained-parts``: every part, or the decoder alone on a fresh encoder),
-each candidate finetuned, the one of lowest greedy CTC dev CER kept, all of them charged. Selection (these
-parts, the self-training threshold, ``best+lm``) reads dev only; the test
+perturbation for every arm: with it, RESULTS.md G6, dev CER without LM fell for every arm and subset but
+dev WER decoded as the test splits are, with the LM, rose for scratch + LM on every subset and for
+joint + LM in the median, so dev keeps it off) and ``--finetune-minutes``, but for one rule the bench
+applies per pretrained arm on dev: what the finetune keeps of the pretraining (``--pretrained-parts``:
+every part, or the decoder alone on a fresh encoder), each candidate finetuned, the one of lowest greedy
+CTC dev CER kept, all of them charged. Selection (these parts, the self-training threshold, ``best+lm``)
+reads dev only; the test
 splits are decoded after every requested arm is trained, once: hypotheses are kept in each arm's folder
 (``bench_hyp_<split>[_lm].jsonl``) and reused, as are finished trainings (``bench_step.json``), so
 ``--arms all --seeds 3`` can be built over several runs. ``--seeds N`` draws N labelled subsets (seeds
