@@ -43,9 +43,10 @@ perturbation for every arm: with it, RESULTS.md G6, dev CER without LM fell for 
 dev WER decoded as the test splits are, with the LM, rose for scratch + LM on every subset and for
 joint + LM in the median, so dev keeps it off) and ``--finetune-minutes``, but for one rule the bench
 applies per pretrained arm on dev: what the finetune keeps of the pretraining (``--pretrained-parts``:
-every part, or the decoder alone on a fresh encoder), each candidate finetuned, the one of lowest greedy
-CTC dev CER kept, all of them charged. Selection (these parts, the self-training threshold, ``best+lm``)
-reads dev only; the test
+every part, the decoder alone on a fresh encoder, or ``lower2``: every part but the encoder's conformer
+layers above the second, which RESULTS.md D1's probe found worse than random), each candidate
+finetuned, the one of lowest greedy CTC dev CER kept, all of them charged. Selection (these parts, the
+self-training threshold, ``best+lm``) reads dev only; the test
 splits are decoded after every requested arm is trained, once: hypotheses are kept in each arm's folder
 (``bench_hyp_<split>[_lm].jsonl``) and reused, as are finished trainings (``bench_step.json``), so
 ``--arms all --seeds 3`` can be built over several runs. ``--seeds N`` draws N labelled subsets (seeds
@@ -108,8 +109,10 @@ NO_SPEED_PERTURB = """'--train_loader={"speed_perturb":null}'"""  # shell words:
 CORE_ARMS = ("scratch+lm", "joint+lm")
 REFERENCE = "scratch+lm"
 POOL_ARMS = ("speech+lm", "text+lm", "joint+lm", "self_training+lm", "joint+self_training+lm")
-PARTS = {  # --pretrained-parts candidates -> finetune pretrained_parts (None: the config's, every group)
-    "all": None, "decoder": "[cross_attention, language_model]", "encoder": "[encoder, ctc]"}
+PARTS = {  # --pretrained-parts candidates -> their finetune overrides (all: the config's, every group)
+    "all": [], "decoder": ["--pretrained_parts=[cross_attention, language_model]"],
+    "encoder": ["--pretrained_parts=[encoder, ctc]"],
+    "lower2": ["--pretrained_encoder_layers=2"]}  # the top conformer layers fresh: RESULTS.md D1
 SELF_TRAINING = {  # model -> (labeller, pools, pseudo_label.py options of the arm)
     "self_training": ("scratch", ("pool",), []), "joint_self_training": ("joint", ("pool",), []),
     "new_voices_pool": ("scratch", ("pool", NEW_VOICES), []),
@@ -155,7 +158,8 @@ def parse_args(argv=None):
     parser.add_argument("--pretrained-parts", default="all,decoder",
                         help="what each pretrained arm may keep of its pretraining, chosen per arm on dev (the "
                              "finetune's greedy CTC dev CER), each candidate finetuned and charged: of "
-                             + ", ".join(PARTS))
+                             + ", ".join(PARTS) + " (lower2: every part but the encoder's conformer layers above "
+                             "the second)")
     parser.add_argument("--pseudo-label-args", default="", help="more recipes/finetune/pseudo_label.py options")
     parser.add_argument("--speech-curve", default="",
                         help="pretraining budgets in minutes (e.g. 7,15,30,60): speech-only pretraining of each, "
@@ -385,7 +389,7 @@ class Bench:
                    f"--valid_parquet={valid}", f"--test_parquets=[{valid}]", "--test_search=ctc_greedy",
                    "--number_of_epochs=1000", f"--train_minutes={minutes}", "--noprogressbar",
                    *([f"--pretrained={init}"] if init else []),
-                   *([f"--pretrained_parts={PARTS[parts]}"] if parts and PARTS[parts] else []),
+                   *(PARTS[parts] if parts else []),
                    *shlex.split(a.finetune_overrides)]
         self.done[name] = step(folder, command)
         return folder

@@ -141,6 +141,32 @@ def test_pretrained_parts_load_the_decoder_alone_and_leave_the_encoder_fresh(pre
         finetune_train.init_from_pretrained(hparams)
 
 
+def test_pretrained_encoder_layers_keep_the_lower_layers_and_leave_the_top_fresh(pretrained, speech_shards,
+                                                                                 tmp_path):
+    """pretrained_encoder_layers=L-1: the conformer layers below the top one (and the front-end, input
+    projection, CTC head and decoder) are the pretrained ones, the top layer and the encoder's final norm
+    stay as initialised; a count above the encoder's layers, or without the encoder among the parts, is
+    refused."""
+    hparams = finetune_hparams(pretrained, speech_shards, tmp_path)
+    keep = hparams["num_encoder_layers"] - 1
+    hparams["pretrained_encoder_layers"] = keep
+    model = hparams["model"]
+    before = {name: tensor.clone() for name, tensor in model.state_dict().items()}
+    source = torch.load(os.path.join(glob.glob(str(pretrained / "save" / "CKPT+*"))[-1], "model.ckpt"))
+    finetune_train.init_from_pretrained(hparams)
+    loaded = model.state_dict()
+    fresh = [name for name in loaded if name.startswith(("transformer.encoder.norm.",
+                                                          f"transformer.encoder.layers.{keep}."))]
+    assert fresh and any(name.startswith("transformer.custom_src_module.") for name in loaded)
+    for name, tensor in loaded.items():
+        assert torch.equal(tensor, before[name] if name in fresh else source[name]), name
+    assert any(not torch.equal(before[name], source[name]) for name in fresh)
+    for count, parts in ((hparams["num_encoder_layers"] + 1, ["encoder"]), (0, ["language_model"])):
+        hparams["pretrained_encoder_layers"], hparams["pretrained_parts"] = count, parts
+        with pytest.raises(ValueError, match="pretrained_encoder_layers"):
+            finetune_train.init_from_pretrained(hparams)
+
+
 def test_run_sh_refuses_speech_that_is_not_a_shard_folder(tmp_path):
     """--train must be a shard folder: run.sh exits 2 naming the tool that makes one."""
     env = dict(os.environ, PYTHON=sys.executable)
