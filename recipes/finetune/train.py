@@ -18,7 +18,6 @@ decoder's NLL times ``mt_loss_weight``. Validation and test stay speech.
 
 import logging
 import os
-import re
 import sys
 
 import speechbrain as sb
@@ -304,30 +303,28 @@ def init_from_pretrained(hparams):
     if not parts or parts - groups:
         raise UserValueError(f"pretrained_parts={sorted(parts)}: name one or more of {sorted(groups)}, e.g. "
                              "--pretrained_parts='[cross_attention, language_model]'")
+    above = fresh_encoder_layers(hparams, parts)
     fresh = {name: tensor.clone() for name, tensor in model.state_dict().items()  # buffers included
-             if _group_of(name) not in (None, *parts) or above_kept_layers(name, hparams, parts)}
+             if _group_of(name) not in (None, *parts) or name.removeprefix("module.").startswith(above)}
     loadables = {"model": model, **({"normalize": hparams["graph"]["normalize"]} if "encoder" in parts else {})}
     load_pretrained(hparams["pretrained"], loadables, collect_in=os.path.join(hparams["save_folder"], "pretrained"))
     if fresh:
         model.load_state_dict(fresh, strict=False)
         logger.info("pretrained parts %s loaded; %s keep their fresh initialisation", sorted(parts),
-                    sorted(groups - parts))
+                    sorted(groups - parts) + list(above))
 
 
-def above_kept_layers(name, hparams, parts):
-    """Whether state-dict entry ``name`` is a conformer layer at or above ``pretrained_encoder_layers``
-    (or the encoder's final norm) when that key keeps only the pretrained encoder's lower layers."""
+def fresh_encoder_layers(hparams, parts):
+    """State-dict prefixes that ``pretrained_encoder_layers: N`` leaves fresh: the conformer layers from
+    index N up and, when there are any, the encoder's final norm (none when the key is null)."""
     keep, layers = hparams.get("pretrained_encoder_layers"), hparams["num_encoder_layers"]
     if keep is None:
-        return False
+        return ()
     if "encoder" not in parts or not 0 <= keep <= layers:
         raise UserValueError(f"pretrained_encoder_layers={keep}: give 0 to {layers} (the encoder's layers) with "
                              f"encoder in pretrained_parts (now {sorted(parts)}), or null for every layer")
-    name = name.removeprefix("module.")
-    if name.startswith("transformer.encoder.norm."):
-        return keep < layers
-    match = re.match(r"transformer\.encoder\.layers\.(\d+)\.", name)
-    return bool(match) and int(match.group(1)) >= keep
+    fresh = tuple(f"transformer.encoder.layers.{index}." for index in range(keep, layers))
+    return fresh + ("transformer.encoder.norm.",) if fresh else ()
 
 
 def _group_of(name):
