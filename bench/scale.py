@@ -7,6 +7,7 @@ One point, in its own process (its peak RSS is its own), ends with one JSON line
     python bench/scale.py --utterances 10000000 --ranks 1024 --json
     python bench/scale.py --text-sentences 1000000 --json [--loader memory]
     python bench/scale.py --text-file lm_text.txt --loader memory --json   # a real text
+    python bench/scale.py --text-file lm_text.txt --compare 5 --json      # every loader, 5 rounds
 
 - ``--utterances N --ranks R``: what each rank does at each epoch start: ``plan_epoch`` of N utterances
   (durations 1-30 s) over ``--shards`` uneven shards (default N / 100, at least R and 100, at most
@@ -19,8 +20,11 @@ One point, in its own process (its peak RSS is its own), ends with one JSON line
   workers) or ``memory`` (the loader before text shards: every sentence read and tokenized in the main
   process). ``seconds``: loader construction + the epoch; ``peak_rss_mb``: the main process's peak;
   ``worker_peak_rss_mb``: the largest worker's (read every 10 batches); ``tokens_per_s``: source +
-  target tokens per second. The first start over a corpus also counts every shard's tokens (and caches
-  them beside the shard); ``--counted`` times a later start, after an untimed first epoch.
+  target tokens per second. The first start over a corpus also tokenizes every shard once for its token
+  counts (and keeps the ids beside the shard, which later starts and epochs read); ``--counted`` times a
+  later start, after an untimed first epoch. ``--workers 0`` streams in the main process, as the
+  in-memory loader reads. ``--compare ROUNDS`` runs every loader ROUNDS times over and prints the median
+  tokens/s of each and its ratio to the in-memory loader's.
 - ``--text-file PATH``: the same on a real text (one sentence a line, sharded by make_text_shards.py,
   a 500-piece unigram tokenizer trained on it).
 
@@ -186,6 +190,31 @@ def text_point(args):
             "shard_sentences": args.shard_sentences, "counted": bool(args.counted), **point}
 
 
+COMPARED = (("memory", 0, False), ("stream", 0, False), ("stream", 0, True), ("stream", None, False),
+            ("stream", None, True))  # (loader, workers (None: --workers), counted) of --compare
+
+
+def compare_text_loaders(args):
+    """``--compare ROUNDS``: the text point of every loader in ``COMPARED``, one after the other, ROUNDS
+    times over (a sub-second epoch moves by 20 % between runs); per loader the median tokens/s and its
+    ratio to the in-memory loader's median, with each round's ratio."""
+    runs = {leg: [] for leg in COMPARED}
+    for _ in range(args.compare):
+        for leg in COMPARED:
+            loader, workers, counted = leg
+            options = argparse.Namespace(**{**vars(args), "loader": loader, "counted": counted,
+                                            "workers": args.workers if workers is None else workers})
+            runs[leg].append(text_point(options)["tokens_per_s"])
+    memory = runs[COMPARED[0]]
+    legs = [{"loader": loader, "workers": args.workers if workers is None else workers, "counted": counted,
+             "tokens_per_s": int(np.median(rates)), "ratio": round(float(np.median(rates) / np.median(memory)), 2),
+             "round_ratios": [round(rate / base, 2) for rate, base in zip(rates, memory)]}
+            for (loader, workers, counted), rates in runs.items()]
+    print_table(legs, ["loader", "workers", "counted", "tokens_per_s", "ratio", "round_ratios"])
+    return {"text_sentences": args.text_sentences, "text_file": args.text_file,
+            "shard_sentences": args.shard_sentences, "rounds": args.compare, "legs": legs}
+
+
 def child_env():
     return dict(os.environ, PYTHONPATH=str(REPO), OMP_NUM_THREADS="1")
 
@@ -265,6 +294,8 @@ def parse_args(argv=None):
                         help="text shards streamed by workers, or the earlier in-memory loader")
     parser.add_argument("--counted", action="store_true", help="time an epoch whose token counts an untimed first "
                         "epoch cached (every start after a corpus's first), not the first")
+    parser.add_argument("--compare", type=int, metavar="ROUNDS", help="every text loader (memory; stream with 0 "
+                        "and --workers workers, first and later start) ROUNDS times over; medians and ratios")
     parser.add_argument("--sweep", metavar="OUT_DIR", help="run every point; table, scale.json and PNGs")
     parser.add_argument("--max-utterances", type=int, default=10_000_000)
     parser.add_argument("--max-sentences", type=int, default=1_000_000)
@@ -282,6 +313,8 @@ def main(argv=None):
         return sweep(args)
     if args.epoch_of:
         point = text_epoch_point(Path(args.epoch_of), args.loader, args.workers)
+    elif args.compare and (args.text_sentences or args.text_file):
+        point = compare_text_loaders(args)
     elif args.text_sentences or args.text_file:
         point = text_point(args)
     elif args.utterances:

@@ -158,7 +158,10 @@ def pad_id_lists(sequences, value=BLANK, prefix=None, suffix=None):
     padded = np.full((len(sequences), width), value, dtype=np.int64)
     columns = np.arange(width)
     inside = (columns >= start) & (columns < start + counts[:, None])
-    padded[inside] = np.fromiter(itertools.chain.from_iterable(sequences), dtype=np.int64, count=int(counts.sum()))
+    if isinstance(sequences[0], np.ndarray):  # cached ids (common/data/text.py): one copy, not one per id
+        padded[inside] = np.concatenate(sequences)
+    else:
+        padded[inside] = np.fromiter(itertools.chain.from_iterable(sequences), dtype=np.int64, count=int(counts.sum()))
     if prefix is not None:
         padded[:, 0] = prefix
     if suffix is not None:

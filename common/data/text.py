@@ -7,11 +7,13 @@ shard is batched on its own by the speech batcher (``buffered_batches`` over its
 seed, epoch and shard), and slots with fewer batches cut their largest batches until every slot of every
 rank yields the same number. At each epoch start the loader's workers count the batches of every shard
 (a few bytes per batch come back); dataloader workers then replan their own shards' batches, read each
-shard once, tokenize the rows they need there and yield collated batches. Main-process memory is a few
-numbers per shard and per batch, not per sentence (``bench/scale.py --text-sentences``).
+shard once (the rows they need and their cached token ids) and yield collated batches. Main-process
+memory is a few numbers per shard and per batch, not per sentence (``bench/scale.py --text-sentences``).
 
-Token counts: the first loader over a corpus with a given tokenizer tokenizes every shard once (in the
-workers) and keeps each shard's counts beside it (``SHARD.tokens-<hash>.npy``); later loaders read them.
+Token ids: the first loader over a corpus with a given tokenizer tokenizes every shard once (in the
+workers, counting its tokens for the plan) and keeps the ids beside it (``SHARD.ids-<hash>.npz``, uint16
+where the vocabulary fits): later plans read its offsets alone, and epochs read the ids instead of
+tokenizing again (``bench/scale.py --text-sentences``).
 
 Batches: ``id``, ``text`` (target text), ``src_tokens``, ``tokens``, ``tokens_bos``, ``tokens_eos``.
 Mono text: source = target = the sentence. Language tags such as ``<en>`` are prepended to source and
@@ -21,6 +23,7 @@ target tokens when a language column is given. With a ``noiser``, sources are no
 import dataclasses
 import hashlib
 import heapq
+import itertools
 import json
 import logging
 import os
@@ -77,9 +80,54 @@ def encode_rows(table, tokenizer, columns):
     return values["sample_key"], values[columns.target], src, tgt
 
 
-class ShardTokenCounts(Dataset):
-    """Item ``i``: source + target token count of each sentence of shard ``i`` (int32 array), read from
-    its cache file or counted (and cached) in the worker that gets it."""
+@dataclass
+class ShardIds:
+    """The token ids of one shard's rows: ``src_ids[src_offsets[i]:src_offsets[i + 1]]`` is row ``i``'s
+    source; paired text has target arrays too (mono text: the target is the source)."""
+
+    src_offsets: np.ndarray
+    src_ids: np.ndarray
+    tgt_offsets: Optional[np.ndarray] = None
+    tgt_ids: Optional[np.ndarray] = None
+
+    @classmethod
+    def of(cls, src, tgt, vocab_size):
+        """From id lists (``tgt is src`` for mono text); ids as uint16 where the vocabulary fits."""
+        dtype = np.uint16 if vocab_size <= np.iinfo(np.uint16).max + 1 else np.int32
+
+        def flat(lists):
+            offsets = np.zeros(len(lists) + 1, dtype=np.int64)
+            np.cumsum(np.fromiter(map(len, lists), dtype=np.int64, count=len(lists)), out=offsets[1:])
+            return offsets, np.fromiter(itertools.chain.from_iterable(lists), dtype=dtype, count=int(offsets[-1]))
+
+        return cls(*flat(src), *(flat(tgt) if tgt is not src else (None, None)))
+
+    def counts(self):
+        """Source + target tokens of each row (int32)."""
+        src = np.diff(self.src_offsets)
+        return (src + (src if self.tgt_offsets is None else np.diff(self.tgt_offsets))).astype(np.int32)
+
+    def rows(self, rows):
+        """(source ids, target ids) of ``rows``, each an array per row."""
+        src = [self.src_ids[self.src_offsets[r]:self.src_offsets[r + 1]] for r in rows]
+        if self.tgt_offsets is None:
+            return src, src
+        return src, [self.tgt_ids[self.tgt_offsets[r]:self.tgt_offsets[r + 1]] for r in rows]
+
+    def save(self, path):
+        """Write as an uncompressed ``.npz`` (a reader of the counts loads only the offsets)."""
+        arrays = {name: value for name, value in self.__dict__.items() if value is not None}
+        with atomic_path(path) as temporary, open(temporary, "wb") as handle:
+            np.savez(handle, **arrays)
+
+
+class ShardTokens(Dataset):
+    """Item ``i``: the token counts (source + target, int32 array) of each row of shard ``i``.
+
+    A shard is tokenized once for a tokenizer and columns, in the dataloader worker that first gets it,
+    and its ids are kept beside it (``SHARD.ids-<tag>.npz``): later counts read the offsets alone and
+    epochs read the ids instead of tokenizing (``ids``). Where the shard's folder cannot be written, the
+    counts are made at each start and epochs tokenize the rows they read."""
 
     def __init__(self, shard_paths, tokenizer, columns):
         self.shard_paths, self.tokenizer, self.columns = shard_paths, tokenizer, columns
@@ -88,19 +136,36 @@ class ShardTokenCounts(Dataset):
     def __len__(self):
         return len(self.shard_paths)
 
+    def cache(self, index):
+        """The ids cache of shard ``index`` (may not exist yet)."""
+        return f"{self.shard_paths[index]}.ids-{self.tag}.npz"
+
+    def cached(self, index):
+        """Whether shard ``index`` has an ids cache no older than the shard."""
+        cache = self.cache(index)
+        return os.path.isfile(cache) and os.path.getmtime(cache) >= os.path.getmtime(self.shard_paths[index])
+
     def __getitem__(self, index):
+        if self.cached(index):
+            with np.load(self.cache(index)) as cached:
+                src = np.diff(cached["src_offsets"])
+                tgt = np.diff(cached["tgt_offsets"]) if "tgt_offsets" in cached else src
+                return (src + tgt).astype(np.int32)
         path = self.shard_paths[index]
-        cache = f"{path}.tokens-{self.tag}.npy"
-        if os.path.isfile(cache) and os.path.getmtime(cache) >= os.path.getmtime(path):
-            return np.load(cache)
         _, _, src, tgt = encode_rows(pq.read_table(path, columns=self.columns.names()), self.tokenizer, self.columns)
-        counts = np.fromiter((len(s) + len(t) for s, t in zip(src, tgt)), dtype=np.int32, count=len(src))
+        ids = ShardIds.of(src, tgt, self.tokenizer.processor.get_piece_size())
         try:
-            with atomic_path(cache) as temporary, open(temporary, "wb") as handle:
-                np.save(handle, counts)
-        except OSError as error:  # a read-only corpus folder: count again next time
-            logger.warning("cannot keep the token counts of %s (%s): they are counted at each start", path, error)
-        return counts
+            ids.save(self.cache(index))
+        except OSError as error:  # a read-only corpus folder: tokenize again next time
+            logger.warning("cannot keep the token ids of %s (%s): they are made at each start", path, error)
+        return ids.counts()
+
+    def ids(self, index):
+        """The ``ShardIds`` of shard ``index`` from its cache, or None where it has none."""
+        if not self.cached(index):
+            return None
+        with np.load(self.cache(index)) as cached:
+            return ShardIds(**{name: cached[name] for name in cached.files})
 
 
 def counts_tag(tokenizer, columns):
@@ -121,7 +186,7 @@ class TextCorpus:
     shard_starts : np.ndarray of int64, the first row of each shard (and the row count last)
     shard_tokens : np.ndarray of int64, source + target tokens of each shard's used rows
     shard_used : np.ndarray of int64, used rows of each shard (``max_tokens`` leaves out longer ones)
-    counts : ShardTokenCounts, each shard's token count per row
+    counts : ShardTokens, each shard's token count per row (and its cached ids)
     max_tokens : int, optional
     """
 
@@ -129,7 +194,7 @@ class TextCorpus:
     shard_starts: np.ndarray
     shard_tokens: np.ndarray
     shard_used: np.ndarray
-    counts: ShardTokenCounts
+    counts: ShardTokens
     max_tokens: Optional[int] = None
 
     def __len__(self):
@@ -164,7 +229,7 @@ def read_text_corpus(parquets, tokenizer, columns, num_workers=0, max_tokens=Non
     if not paths:
         raise ValueError("no text parquet given: pass the OUT.parquet of local/make_text_shards.py")
     shard_paths = [shard for path in paths for shard in text_shard_paths(path)]
-    counts = ShardTokenCounts(shard_paths, tokenizer, columns)
+    counts = ShardTokens(shard_paths, tokenizer, columns)
     summaries = DataLoader(ShardSummaries(counts, max_tokens), batch_size=None,
                            num_workers=min(num_workers, len(shard_paths)))
     rows, used, tokens, longest = np.array(list(summaries), dtype=np.int64).reshape(-1, 4).T
@@ -283,13 +348,22 @@ class TextShardDataset(SlotDataset):
             if not remaining:
                 continue
             rows = np.unique(np.concatenate(remaining))
-            table = pq.read_table(self.corpus.shard_paths[shard], columns=self.columns.names()).take(rows)
-            sentences = dict(zip(rows.tolist(), zip(*encode_rows(table, self.tokenizer, self.columns))))
-            del table
+            sentences = dict(zip(rows.tolist(), zip(*self.read_rows(shard, rows))))
             for k, batch in enumerate(remaining, start=first):
                 position = k * workers + worker  # the batch's index in the rank's epoch (round-robin)
                 rng = np.random.default_rng([self.seed, self.epoch, position, 4])
                 yield as_arrays(self.collate([sentences.pop(row) for row in batch.tolist()], rng))
+
+    def read_rows(self, shard, rows):
+        """(keys, target texts, source ids, target ids) of ``rows`` of ``shard``: ids from the shard's ids
+        cache (no text of the source column is read for paired text), else tokenized here."""
+        path, columns = self.corpus.shard_paths[shard], self.columns
+        ids = self.corpus.counts.ids(shard)
+        if ids is None:
+            return encode_rows(pq.read_table(path, columns=columns.names()).take(rows), self.tokenizer, columns)
+        text = columns.target or columns.text
+        table = pq.read_table(path, columns=["sample_key", text]).take(rows)
+        return (table["sample_key"].to_pylist(), table[text].to_pylist(), *ids.rows(rows))
 
     def collate(self, sentences, rng):
         """PaddedBatch of (key, text, source ids, target ids); with a ``noiser``, each source noised with

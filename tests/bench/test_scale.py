@@ -28,7 +28,7 @@ def test_a_planning_point_reports_its_seconds_and_peak_memory():
 def test_a_text_point_streams_every_sentence_once_as_the_in_memory_loader_does():
     """3000 synthetic sentences in 3 shards through the streamed loader (2 workers) and the in-memory
     baseline: both yield every sentence and the same tokens, each with its seconds and peak RSS; so does a
-    start after the first (--counted: the token counts cached)."""
+    start after the first (--counted: the token ids kept beside the shards)."""
     streamed = point("--text-sentences", "3000", "--shard-sentences", "1000")
     in_memory = point("--text-sentences", "3000", "--shard-sentences", "1000", "--loader", "memory")
     assert streamed["sentences"] == in_memory["sentences"] == 3000
@@ -54,3 +54,24 @@ def test_the_curves_are_drawn_from_the_points(tmp_path):
             for loader in ("stream", "memory") for n in (100_000, 1_000_000)]
     scale.plot(planning, text, tmp_path)
     assert (tmp_path / "scale_planning.png").stat().st_size > 1000 and (tmp_path / "scale_text.png").is_file()
+
+
+def test_compare_runs_every_loader_each_round_and_reports_medians_against_the_in_memory_loader(monkeypatch, capsys):
+    """--compare 3: each of the five loaders runs three times, one round after the other; a loader's figure
+    is its median tokens/s, its ratio that over the in-memory loader's median, and each round's ratio."""
+    calls = []
+    rates = {("memory", 0, False): [100, 300, 200], ("stream", 0, False): [90, 170, 180],
+             ("stream", 0, True): [400, 500, 600], ("stream", 2, False): [50, 60, 70], ("stream", 2, True): [1, 2, 3]}
+
+    def fake_point(options):
+        leg = (options.loader, options.workers, options.counted)
+        calls.append(leg)
+        return {"tokens_per_s": rates[leg][sum(call == leg for call in calls) - 1]}
+
+    monkeypatch.setattr(scale, "text_point", fake_point)
+    result = scale.compare_text_loaders(scale.parse_args(["--text-sentences", "100", "--compare", "3"]))
+    assert calls == list(rates) * 3
+    legs = {(leg["loader"], leg["workers"], leg["counted"]): leg for leg in result["legs"]}
+    assert legs[("memory", 0, False)]["ratio"] == 1.0 and legs[("stream", 0, True)]["tokens_per_s"] == 500
+    assert legs[("stream", 0, True)]["ratio"] == 2.5 and legs[("stream", 0, True)]["round_ratios"] == [4.0, 1.67, 3.0]
+    assert legs[("stream", 0, False)]["tokens_per_s"] == 170 and "| stream | 2 | True | 2 |" in capsys.readouterr().out

@@ -76,10 +76,13 @@ def test_crop_cuts_waveform_and_units_over_the_same_stretch_of_time():
 def test_text_batches_equal_speechbrains_padding_of_per_sentence_tensors(lengths):
     """text_batch pads all token fields at once; every field (data, relative lengths, dtype) equals
     SpeechBrain's PaddedBatch of the per-sentence tensors token_fields makes (the loader's batches before),
-    for mono text (source = target) and noised sources of other lengths, including empty sentences."""
+    for mono text (source = target), noised sources of other lengths and ids as the text loader's cache
+    keeps them (uint16 arrays), including empty sentences."""
     rng = np.random.default_rng(0)
-    targets = [rng.integers(5, 60, size=n).tolist() for n in lengths]
-    for sources in (targets, [rng.integers(5, 60, size=n + 2) for n in lengths]):
+    lists = [rng.integers(5, 60, size=n).tolist() for n in lengths]
+    cached = [np.array(ids, dtype=np.uint16) for ids in lists]
+    for sources, targets in ((lists, lists), ([rng.integers(5, 60, size=n + 2) for n in lengths], lists),
+                             (cached, cached)):
         keys, texts = [f"k{i}" for i in range(len(lengths))], [f"text {i}" for i in range(len(lengths))]
         ours = text_batch(keys, texts, sources, targets)
         theirs = PaddedBatch([{"id": k, "text": t, "src_tokens": torch.as_tensor(s, dtype=torch.long),

@@ -3,6 +3,7 @@ sentence once per epoch, equal steps per rank, exact resume, tokenization in the
 
 import glob
 import itertools
+import os
 
 import numpy as np
 import pyarrow as pa
@@ -116,12 +117,12 @@ def test_a_noiser_noises_sources_in_the_collate_from_seed_epoch_and_position(mon
     assert all(a.src_tokens.data.equal(b.src_tokens.data) for a, b in zip(first, loader()))
 
 
-def test_token_counts_are_kept_beside_the_shards_and_max_tokens_filters(tmp_path, tokenizer_model):
-    """The first loader keeps each shard's token counts (one .npy per shard); a second loader reads them
+def test_token_ids_are_kept_beside_the_shards_and_max_tokens_filters(tmp_path, tokenizer_model):
+    """The first loader keeps each shard's token ids (one .npz per shard); a second loader reads them
     and plans the same epoch; max_tokens leaves out the longer sentences (source + target tokens)."""
     parquet = write_text_shards(tmp_path / "mono.parquet", [12, 8])
     first = make_text_loader(parquet, tokenizer_model, TextLoaderConfig(200))
-    assert len(glob.glob(str(tmp_path / "mono-*.parquet.tokens-*.npy"))) == 2
+    assert len(glob.glob(str(tmp_path / "mono-*.parquet.ids-*.npz"))) == 2
     second = make_text_loader(parquet, tokenizer_model, TextLoaderConfig(200))
     assert [b.tolist() for b in first.planned_rows(0)] == [b.tolist() for b in second.planned_rows(0)]
     limited = make_text_loader(parquet, tokenizer_model, TextLoaderConfig(200, max_tokens=12))
@@ -129,6 +130,39 @@ def test_token_counts_are_kept_beside_the_shards_and_max_tokens_filters(tmp_path
     counts = [first.corpus.counts[shard] for shard in range(len(first.corpus.shard_paths))]
     lengths = dict(zip(all_keys(parquet), [int(n) for shard in counts for n in shard]))
     assert kept == {k for k, n in lengths.items() if n <= 12} and len(kept) < len(lengths)
+
+
+@pytest.mark.parametrize("paired", [False, True])
+def test_epochs_read_the_kept_token_ids_and_yield_what_tokenizing_yields(tmp_path, tokenizer_model, monkeypatch,
+                                                                          paired):
+    """Once a shard's ids are kept, an epoch does not tokenize (encode_rows made to fail) and yields the
+    batches a loader tokenizing every row yields (ids cache removed and made unwritable: the fallback),
+    language tags included; each source row is the tokenizer's ids of its sentence."""
+    import common.data.text as text
+
+    parquet = write_text_shards(tmp_path / "corpus.parquet", [12, 8], paired=paired)
+    options = dict(target_column="translation", lang_column="lang", target_lang_column="tgt_lang") if paired else {}
+
+    def epoch():
+        loader = make_text_loader(parquet, tokenizer_model, TextLoaderConfig(200), seed=2, **options)
+        return [(list(b.id), list(b.text), b.src_tokens.data.tolist(), b.tokens_eos.data.tolist()) for b in loader]
+
+    make_text_loader(parquet, tokenizer_model, TextLoaderConfig(200), **options)  # keeps the ids
+    with monkeypatch.context() as patch:
+        patch.setattr(text, "encode_rows", lambda *args: pytest.fail("an epoch tokenized rows it has ids for"))
+        from_ids = epoch()
+    for cache in glob.glob(str(tmp_path / "corpus-*.parquet.ids-*.npz")):
+        os.remove(cache)
+    monkeypatch.setattr(text.ShardIds, "save", lambda self, path: (_ for _ in ()).throw(OSError("read-only")))
+    assert epoch() == from_ids and not glob.glob(str(tmp_path / "corpus-*.parquet.ids-*.npz"))
+    tokenizer = text.Tokenizer(tokenizer_model)
+    table = pa.concat_tables(pq.read_table(path) for path in text.text_shard_paths(parquet))
+    sentences = dict(zip(table["sample_key"].to_pylist(), table["text"].to_pylist()))
+    tag = [tokenizer.piece_id("<en>")] if paired else []
+    for keys, _, src, _ in from_ids:
+        for key, row in zip(keys, src):
+            ids = tag + tokenizer.encode(sentences[key])
+            assert row[:len(ids)] == ids and not any(row[len(ids):])
 
 
 def test_a_parquet_that_is_not_text_shards_metadata_is_refused_with_the_fix(tmp_path, tokenizer_model):
