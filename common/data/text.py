@@ -222,6 +222,15 @@ class ShardSummaries(Dataset):
         return len(lengths), len(used), int(used.sum()), int(used.max()) if len(used) else 0
 
 
+def counting_workers(num_workers, num_shards):
+    """Processes that count shards (token counts, batch sizes) at a start: one per shard up to
+    ``num_workers``, and none (the main process) where only one would run: the main process waits for
+    a lone counting worker, so it would add a fork to each start and gain nothing (a one-shard corpus
+    spent three forks on each sub-second epoch)."""
+    workers = min(num_workers, num_shards)
+    return workers if workers > 1 else 0
+
+
 def read_text_corpus(parquets, tokenizer, columns, num_workers=0, max_tokens=None):
     """The ``TextCorpus`` of one or more text metadata parquets; token counts from the shards' caches or
     counted in ``num_workers`` processes (0: here), summed there: only four numbers per shard come back."""
@@ -231,7 +240,7 @@ def read_text_corpus(parquets, tokenizer, columns, num_workers=0, max_tokens=Non
     shard_paths = [shard for path in paths for shard in text_shard_paths(path)]
     counts = ShardTokens(shard_paths, tokenizer, columns)
     summaries = DataLoader(ShardSummaries(counts, max_tokens), batch_size=None,
-                           num_workers=min(num_workers, len(shard_paths)))
+                           num_workers=counting_workers(num_workers, len(shard_paths)))
     rows, used, tokens, longest = np.array(list(summaries), dtype=np.int64).reshape(-1, 4).T
     corpus = TextCorpus(shard_paths, np.concatenate([[0], np.cumsum(rows)]), tokens, used, counts, max_tokens)
     return corpus, int(longest.max()) if len(longest) else 0
@@ -411,7 +420,7 @@ class TextLoader(BatchStream):
         the longest slot's count)."""
         if self._plan[0] != epoch:
             shares_shards = len(self.corpus.shard_paths) >= self.world_size
-            workers = min(self.config.num_workers, len(self.corpus.shard_paths))
+            workers = counting_workers(self.config.num_workers, len(self.corpus.shard_paths))
             sizes = list(DataLoader(ShardBatchSizes(self.corpus, self.seed, epoch, self.dataset.batching),
                                     batch_size=None, num_workers=workers))
             plan = plan_text_epoch(self.corpus, self.seed, epoch, self.world_size if shares_shards else 1,

@@ -9,8 +9,9 @@ import numpy as np
 import pyarrow as pa
 import pyarrow.parquet as pq
 import pytest
+from torch.utils.data import DataLoader
 
-from common.data import TextLoaderConfig, make_text_loader
+from common.data import TextLoaderConfig, make_text_loader, text
 from common.data.synthetic import write_text_shards
 from common.data.text import pieces_to_reach
 
@@ -75,6 +76,30 @@ def test_one_shard_still_feeds_two_ranks_in_equal_steps(tmp_path, tokenizer_mode
     keys = [epoch_keys(loader) for loader in loaders]
     assert len(keys[0]) == len(keys[1]) > 0
     assert not {k for b in keys[0] for k in b} & {k for b in keys[1] for k in b}
+
+
+@pytest.mark.parametrize("shards,counting,reading", [([40], 0, 1), (UNEVEN, 2, 2)])
+def test_counting_forks_workers_only_where_two_or_more_run(tmp_path, tokenizer_model, monkeypatch, shards,
+                                                           counting, reading):
+    """With num_workers=2, a start counts shards (token counts, batch sizes) in worker processes only
+    where two or more run: one shard is counted in the main process, which would otherwise wait for a
+    lone worker's fork; its epoch is still read in a worker (which overlaps training). Every sentence
+    comes once; one shard gives the batches of the loader without workers."""
+    parquet = write_text_shards(tmp_path / "text.parquet", shards, seed=2)
+    alone = epoch_keys(make_text_loader(parquet, tokenizer_model, TextLoaderConfig(200), seed=4))
+    started = []
+
+    class RecordingLoader(DataLoader):
+        def __init__(self, dataset, **kwargs):
+            started.append((type(dataset).__name__, kwargs["num_workers"]))
+            super().__init__(dataset, **kwargs)
+
+    monkeypatch.setattr(text, "DataLoader", RecordingLoader)
+    loader = make_text_loader(parquet, tokenizer_model, TextLoaderConfig(200, num_workers=2), seed=4)
+    keys = epoch_keys(loader)
+    assert sorted(k for batch in keys for k in batch) == sorted(all_keys(parquet))
+    assert keys == alone or len(shards) > 1
+    assert started == [("ShardSummaries", counting), ("ShardBatchSizes", counting), ("TextShardDataset", reading)]
 
 
 @pytest.mark.parametrize("stop_after", [1, 4])
