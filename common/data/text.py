@@ -80,6 +80,13 @@ def encode_rows(table, tokenizer, columns):
     return values["sample_key"], values[columns.target], src, tgt
 
 
+def row_token_counts(src_offsets, tgt_offsets=None):
+    """Source + target tokens of each row (int32) from id offsets; no target offsets: mono text, whose
+    target is its source."""
+    src = np.diff(src_offsets)
+    return (src + (src if tgt_offsets is None else np.diff(tgt_offsets))).astype(np.int32)
+
+
 @dataclass
 class ShardIds:
     """The token ids of one shard's rows: ``src_ids[src_offsets[i]:src_offsets[i + 1]]`` is row ``i``'s
@@ -104,8 +111,7 @@ class ShardIds:
 
     def counts(self):
         """Source + target tokens of each row (int32)."""
-        src = np.diff(self.src_offsets)
-        return (src + (src if self.tgt_offsets is None else np.diff(self.tgt_offsets))).astype(np.int32)
+        return row_token_counts(self.src_offsets, self.tgt_offsets)
 
     def rows(self, rows):
         """(source ids, target ids) of ``rows``, each an array per row."""
@@ -147,10 +153,9 @@ class ShardTokens(Dataset):
 
     def __getitem__(self, index):
         if self.cached(index):
-            with np.load(self.cache(index)) as cached:
-                src = np.diff(cached["src_offsets"])
-                tgt = np.diff(cached["tgt_offsets"]) if "tgt_offsets" in cached else src
-                return (src + tgt).astype(np.int32)
+            with np.load(self.cache(index)) as cached:  # the offsets alone: ids are not read
+                return row_token_counts(cached["src_offsets"],
+                                        cached["tgt_offsets"] if "tgt_offsets" in cached.files else None)
         path = self.shard_paths[index]
         _, _, src, tgt = encode_rows(pq.read_table(path, columns=self.columns.names()), self.tokenizer, self.columns)
         ids = ShardIds.of(src, tgt, self.tokenizer.processor.get_piece_size())
