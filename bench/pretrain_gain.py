@@ -33,6 +33,10 @@ is ``scratch+lm,joint+lm``):
 - ``--speech-curve 7,15,30,60``: speech-only pretraining of each budget, finetuned as ``speech``, and its
   dev gain over scratch (greedy CTC, no LM) against the minutes: where unlabelled speech starts to pay,
   if it does at all on this machine. Dev only; it adds no row to the test table.
+- ``--speech-targets units``: the speech pretrainings (speech, joint, the curve) predict k-means units of
+  an encoder layer of the subset's scratch finetune instead of the config's BEST-RQ codes: HuBERT's next
+  iteration with the model the labelled subset trained as the first (its units follow the characters
+  three times as well as BEST-RQ's codes: RESULTS.md D4). Per subset, charged that finetune.
 - ``scratch_equal_minutes`` (``+lm``): scratch finetuned for every minute the joint arm spent before its
   LM (its pretraining and each pretrained-parts candidate), less one finetune's start-up and dev pass as
   scratch spent them: with the LM, the minutes of ``joint+lm``. What a user would do with that time
@@ -119,6 +123,7 @@ SELF_TRAINING = {  # model -> (labeller, pools, pseudo_label.py options of the a
     "new_voices_share": ("scratch", ("pool", NEW_VOICES), ["--keep", "share"])}
 NEW_VOICE_ARMS = ("new_voices_pool+lm", "new_voices_share+lm")
 CURVE_PREFIX = "speech_"  # model speech_<m>min: finetuned from speech-only pretraining of m minutes
+UNITS_SUFFIX = "_units"  # --speech-targets units: the per-subset pretrainings' and their finetunes' folders
 DEV_HYPS = "hyp_valid_ctc_greedy.jsonl"  # a finetune's test stage over dev (greedy CTC, no LM)
 
 
@@ -165,6 +170,16 @@ def parse_args(argv=None):
                         help="pretraining budgets in minutes (e.g. 7,15,30,60): speech-only pretraining of each, "
                              "finetuned as the speech arm, and its dev gain over scratch against the minutes "
                              "(dev only, no LM): where unlabelled speech starts to pay, if it does")
+    parser.add_argument("--speech-targets", default="config", choices=("config", "units"),
+                        help="what the speech pretrainings (speech, joint, the curve) predict: the pretrain "
+                             "config's targets (small.yaml: BEST-RQ codes), or units: k-means (--units-clusters) "
+                             "of encoder layer --units-layer of the subset's scratch finetune, on all train audio "
+                             "(HuBERT's next iteration, the labelled subset's model as the first). Such "
+                             "pretrainings are per subset, in --exp folders ending _units, and charged the "
+                             "scratch finetune and the unit extraction")
+    parser.add_argument("--units-layer", type=int, default=4, help="--speech-targets units: the encoder layer "
+                                                                   "(0: input projection; small.yaml's top: 4)")
+    parser.add_argument("--units-clusters", type=int, default=100, help="--speech-targets units: k-means clusters")
     parser.add_argument("--json", action="store_true", help="end with one JSON line of the figures")
     args = parser.parse_args(argv)
     args.arms = arm_list(args.arms)
@@ -362,13 +377,23 @@ class Bench:
                 "--noprogressbar", *shlex.split(a.lm_overrides)])
         return os.path.join(self.args.upstream_exp, "lm")
 
-    def pretrained(self, modality, minutes=None):
-        """The pretraining on ``modality`` (speech, text, joint), run once for ``minutes`` (default
-        ``--pretrain-minutes``; another budget, as ``--speech-curve`` asks, has a folder of its own)."""
+    def uses_units(self, modality):
+        """Whether ``modality``'s pretraining predicts the scratch finetune's units (``--speech-targets units``)."""
+        return self.args.speech_targets == "units" and modality != "text"
+
+    def pretrained(self, modality, seed, minutes=None):
+        """``(folder, components)`` of the pretraining on ``modality`` (speech, text, joint), run once for
+        ``minutes`` (default ``--pretrain-minutes``; another budget, as ``--speech-curve`` asks, has a folder
+        of its own). With the scratch finetune's units as targets it is subset ``seed``'s own, charged them."""
         a = self.args
         minutes = a.pretrain_minutes if minutes is None else minutes
         name = f"pretrain_{modality}" + ("" if minutes == a.pretrain_minutes else f"_{minutes:g}min")
-        folder = os.path.join(a.upstream_exp, name)
+        folder, targets, components = os.path.join(a.upstream_exp, name), [], {}
+        if self.uses_units(modality):
+            (train_units, valid_units), components = self.scratch_units(seed)
+            name = f"seed{seed}/{name}{UNITS_SUFFIX}"
+            folder = os.path.join(a.exp, name)
+            targets = ["--speech_targets=kmeans", f"--units_dirs=[{train_units}]", f"--valid_units_dir={valid_units}"]
         if name not in self.done:
             self.done[name] = step(folder, [
                 sys.executable, "recipes/pretrain/train.py", a.pretrain_config, f"--output_folder={folder}",
@@ -377,8 +402,27 @@ class Bench:
                 f"--text_parquets=[{self.data.lm_text}]",
                 f"--valid_parquet={os.path.join(self.data.shards['valid'], POOL_PARQUET)}",
                 "--number_of_epochs=1000", f"--train_minutes={minutes}", "--noprogressbar",
-                *MODALITIES[modality], *shlex.split(a.pretrain_overrides)])
-        return folder
+                *MODALITIES[modality], *targets, *shlex.split(a.pretrain_overrides)])
+        return folder, {**components, name: self.done[name]}
+
+    def scratch_units(self, seed):
+        """``([train units, dev units], components)``: k-means units (local/extract_units.py) of encoder layer
+        ``--units-layer`` of subset ``seed``'s scratch finetune, fitted on and given to all train audio (the
+        pool's transcripts are never read: the labelled subset taught the encoder), applied to dev;
+        charged the scratch finetune and both extractions."""
+        a, scratch = self.args, self.model("scratch", seed)
+        root = f"seed{seed}/units_layer{a.units_layer}_k{a.units_clusters}"
+        features = f"{scratch.folder}:{a.units_layer}"
+        folders, components = [], dict(scratch.components)
+        for split, fit in (("train", ["--n-units", str(a.units_clusters)]), ("valid", None)):
+            name = f"{root}/{split}"
+            folders.append(os.path.join(a.exp, name))
+            fit = fit or ["--kmeans", os.path.join(folders[0], "kmeans.json")]
+            if name not in self.done:
+                self.done[name] = step(folders[-1], [sys.executable, "local/extract_units.py", self.data.shards[split],
+                                                     folders[-1], "--features", features, *fit])
+            components[name] = self.done[name]
+        return folders, components
 
     def finetune(self, name, train_parquets, minutes, init=None, parts=None):
         """One finetune (averaged at its end; its test stage is a greedy pass over dev) -> minutes."""
@@ -405,9 +449,10 @@ class Bench:
         labelled, pool = labelled_subset(self.data.shards["train"], a.labelled_share, seed)
         where = f"seed{seed}/{name}"
         if name in MODALITIES:
-            return self.finetune_pretrained(name, where, labelled)
+            return self.finetune_pretrained(name, seed, labelled)
         if name.startswith(CURVE_PREFIX):  # speech_<m>min: speech pretraining of another budget
-            return self.finetune_pretrained("speech", where, labelled, float(name[len(CURVE_PREFIX):-len("min")]))
+            return self.finetune_pretrained("speech", seed, labelled, float(name[len(CURVE_PREFIX):-len("min")]),
+                                            name)
         if name == "scratch":
             return Model(self.finetune(where, [labelled], a.finetune_minutes), {where: self.done[where]})
         if name == "scratch_equal_minutes":
@@ -423,12 +468,12 @@ class Bench:
         return self.self_train(where, self.model(labeller, seed), labelled, {"pool": pool, NEW_VOICES:
                                                                              self.data.new_voices}, pools, options)
 
-    def finetune_pretrained(self, modality, where, labelled, pretrain_minutes=None):
-        """Finetune from the ``modality`` pretraining (of ``pretrain_minutes``) once per
-        ``--pretrained-parts`` candidate and keep the one of lowest dev CER (the finetune's own greedy CTC
-        pass over dev); every candidate's minutes are charged to the arm."""
-        a, init = self.args, self.pretrained(modality, pretrain_minutes)
-        components, dev = {os.path.basename(init): self.done[os.path.basename(init)]}, {}
+    def finetune_pretrained(self, modality, seed, labelled, pretrain_minutes=None, name=None):
+        """Finetune model ``name`` (default ``modality``) of subset ``seed`` from the ``modality`` pretraining
+        (of ``pretrain_minutes``) once per ``--pretrained-parts`` candidate and keep the one of lowest dev CER
+        (the finetune's own greedy CTC pass over dev); every candidate's minutes are charged to the arm."""
+        a, (init, components) = self.args, self.pretrained(modality, seed, pretrain_minutes)
+        where, dev = f"seed{seed}/{name or modality}{UNITS_SUFFIX if self.uses_units(modality) else ''}", {}
         for parts in a.pretrained_parts:
             folder = where if parts == "all" else f"{where}_{parts}"
             dev[folder] = (dev_figures(self.finetune(folder, [labelled], a.finetune_minutes, init, parts)), parts)
@@ -532,7 +577,10 @@ def speech_curve(bench, seeds):
     Dev only: the curve finds the budget where unlabelled speech starts to pay; the test splits are
     read for the table's arms alone."""
     rows = []
-    print("\nspeech-only pretraining against scratch on dev (greedy CTC, no LM; gain: relative, paired 95 % CI):")
+    targets = ("the config's" if bench.args.speech_targets == "config" else
+               f"k-means units ({bench.args.units_clusters}) of the scratch finetune's layer {bench.args.units_layer}")
+    print(f"\nspeech-only pretraining ({targets} targets) against scratch on dev (greedy CTC, no LM; gain: "
+          "relative, paired 95 % CI):")
     for minutes in bench.args.speech_curve:
         mine = []
         for seed in seeds:

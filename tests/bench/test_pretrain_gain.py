@@ -208,3 +208,39 @@ def test_each_parts_candidate_is_a_finetune_of_its_own_with_its_overrides(monkey
                      "joint_lower2": ["--pretrained_encoder_layers=2"]}
     assert model.folder == str(tmp_path / "seed1234" / "joint_lower2")
     assert bench.minutes(model, False) == pytest.approx(4 * 9.0)  # the pretraining and three finetunes
+
+
+TARGET_KEYS = ("--speech_targets", "--units_dirs", "--valid_units_dir")
+
+
+def test_units_targets_pretrain_per_subset_on_the_scratch_finetunes_units_and_charge_them(monkeypatch, tmp_path):
+    """--speech-targets units: the subset's scratch finetune is trained first, local/extract_units.py
+    clusters its --units-layer on train (fit) and applies that k-means to dev, and the speech
+    pretraining of that subset (a folder of its own, ending _units) predicts those units; its finetune
+    is charged the scratch finetune, both extractions, the pretraining and itself. Text pretraining
+    keeps the shared folder and the config's targets."""
+    monkeypatch.setattr(pretrain_gain, "labelled_subset", lambda shards, share, seed: (f"labelled{seed}", "pool"))
+    monkeypatch.setattr(pretrain_gain, "dev_figures", lambda folder: {"cer": 30.0, "wer": 70.0})
+    commands = {}
+    monkeypatch.setattr(pretrain_gain, "step", lambda folder, command: commands.setdefault(folder, command) and 2.0)
+    args = parse_args(["--exp", str(tmp_path), "--pretrained-parts", "all", "--speech-targets", "units",
+                       "--units-layer", "3", "--units-clusters", "50"])
+    bench = Bench(args, Data({"train": "shards/train", "valid": "shards/valid"}, [], "text", "", "tok"))
+    model = bench.model("speech", 1234)
+    seed_dir = tmp_path / "seed1234"
+    units = seed_dir / "units_layer3_k50"
+    assert list(commands) == [str(seed_dir / "scratch"), str(units / "train"), str(units / "valid"),
+                              str(seed_dir / "pretrain_speech_units"), str(seed_dir / "speech_units")]
+    fit, apply = commands[str(units / "train")], commands[str(units / "valid")]
+    assert fit[1:] == ["local/extract_units.py", "shards/train", str(units / "train"), "--features",
+                       f"{seed_dir / 'scratch'}:3", "--n-units", "50"]
+    assert apply[-2:] == ["--kmeans", str(units / "train" / "kmeans.json")] and "shards/valid" in apply
+    pretraining = commands[str(seed_dir / "pretrain_speech_units")]
+    assert ["--speech_targets=kmeans", f"--units_dirs=[{units / 'train'}]",
+            f"--valid_units_dir={units / 'valid'}"] == [w for w in pretraining if w.startswith(TARGET_KEYS)]
+    assert model.folder == str(seed_dir / "speech_units")
+    assert bench.minutes(model, False) == pytest.approx(5 * 2.0)  # scratch, 2 extractions, pretraining, finetune
+    bench.model("text", 1234)
+    text = commands[str(tmp_path / "pretrain_text")]
+    assert not [w for w in text if w.startswith(TARGET_KEYS)]
+    assert str(seed_dir / "text") in commands
