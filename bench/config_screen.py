@@ -2,15 +2,16 @@
 """A finetune config's choices measured on dev: one change per arm against the config as shipped.
 
     python bench/config_screen.py --minutes 15 --json                 # the default arms below
-    python bench/config_screen.py --arm nosp='--train_loader={"speed_perturb":null}' --arm lr='--lr_peak=0.001'
+    python bench/config_screen.py --minutes 30 --arm "nosp='--train_loader={\"speed_perturb\":null}'" \
+        --arm lr=--lr_peak=0.001
 
 Every arm trains ``--config`` (default ``recipes/finetune/hparams/small.yaml``) on every training label
 of the open corpus (``bench/pretrain_gain.py``'s shards and character tokenizer, made once) for the same
 ``--minutes``, with its overrides and nothing else changed, one arm after the other on this machine.
 The figures are the finetune's own greedy CTC pass over dev (no LM): CER and WER with bootstrap 95 %
 intervals over utterances, and each arm's relative CER and WER gain against the first arm (``shipped``:
-no override) with its paired interval (``bench.stats``). A choice is a change whose CER interval lies
-above 0. The test splits are never read: a screen chooses, a later full-budget run reports.
+no override) with its paired interval (``bench.stats``). A choice is a change whose CER gain interval lies
+above 0 (fewer errors than shipped). The test splits are never read: a screen chooses, a later full-budget run reports.
 
 Default arms (``small.yaml``'s choices made on test on corpus v1, recipes/finetune/RESULTS.md sp1, d1,
 ic1): ``shipped``; ``nosp`` (no speed perturbation); ``dropout`` (0.1); ``interctc`` (intermediate CTC on
@@ -18,17 +19,20 @@ layer 2 of 4, weight 0.3). Finished arms are reused (``bench_step.json`` in each
 whose folder was made by another command stops the bench.
 
 ``--json`` ends with one line: ``{"arms": [{"arm", "overrides", "dev_cer", "dev_cer_ci", "dev_wer",
-"dev_wer_ci", "cer_gain", "cer_gain_ci", "wer_gain", "wer_gain_ci", "updates", "minutes"}...]}``.
+"dev_wer_ci", "cer_gain", "cer_gain_ci", "wer_gain", "wer_gain_ci", "updates", "minutes"}...],
+"config", "minutes"}``.
 """
 
 import argparse
 import json
+import logging
 import os
 import shlex
 import sys
 
 from bench import stats
-from bench.pretrain_gain import DEFAULT_CORPUS, DEV_HYPS, POOL_PARQUET, REPO, prepare, step
+from bench.pretrain_gain import DEFAULT_CORPUS, POOL_PARQUET, REPO, dev_comparison, finetune_command, prepare, step
+from common.curves import EpochHistory
 
 DEFAULT_ARMS = {
     "shipped": "",
@@ -59,6 +63,9 @@ def parse_args(argv=None):
         name = name.strip()
         if not sep or not name.replace("_", "").isalnum():
             raise SystemExit(f"error: --arm {spec!r}: write NAME=OVERRIDES, e.g. dropout=--dropout=0.1")
+        if name in arms and (name != REFERENCE or words.strip()):
+            raise SystemExit(f"error: --arm {spec!r}: {name} is already an arm" + (
+                " (shipped is the config as it is, without overrides)" if name == REFERENCE else ""))
         arms[name] = words
     args.arms = arms
     args.corpus, args.exp = os.path.abspath(args.corpus), os.path.abspath(args.exp)
@@ -71,42 +78,25 @@ def train_arm(args, data, name, overrides):
     """Train (or reuse) arm ``name``: ``--config`` on every label for ``--minutes`` -> (folder, minutes)."""
     folder = os.path.join(args.exp, name)
     train, valid = (os.path.join(data.shards[split], POOL_PARQUET) for split in ("train", "valid"))
-    minutes = step(folder, [
-        sys.executable, "recipes/finetune/train.py", args.config, f"--output_folder={folder}",
-        f"--tokenizer_file={data.tokenizer}", f"--train_parquet=[{train}]", f"--valid_parquet={valid}",
-        f"--test_parquets=[{valid}]", "--test_search=ctc_greedy", "--number_of_epochs=1000",
-        f"--train_minutes={args.minutes}", "--noprogressbar", *shlex.split(args.overrides), *shlex.split(overrides)])
+    minutes = step(folder, finetune_command(args.config, folder, data.tokenizer, [train], valid, args.minutes,
+                                            [*shlex.split(args.overrides), *shlex.split(overrides)]))
     return folder, minutes
 
 
 def last_updates(folder):
-    """Updates the arm made: the ``steps`` of the last epoch line of its train_log.txt (None if absent)."""
-    path, steps = os.path.join(folder, "train_log.txt"), None
-    if os.path.isfile(path):
-        with open(path, encoding="utf-8") as log:
-            for line in log:
-                if line.startswith("epoch:") and "steps: " in line:
-                    steps = int(line.split("steps: ")[1].split(",")[0])
-    return steps
+    """Updates the arm made: the ``steps`` of its last epoch in history.json (None if it has none)."""
+    records = EpochHistory(os.path.join(folder, "history.json")).records
+    return records[-1].get("steps") if records else None
 
 
 def rows(args, trained):
     """Per arm: dev CER and WER with intervals, and the paired relative gains against ``shipped``."""
-    scored = {name: {unit: stats.read_scored(os.path.join(folder, DEV_HYPS), unit) for unit in ("char", "word")}
-              for name, (folder, _) in trained.items()}
-    result = []
-    for name, (folder, minutes) in trained.items():
-        row = {"arm": name, "overrides": args.arms[name], "updates": last_updates(folder), "minutes": round(minutes, 1)}
-        for unit, key in (("char", "cer"), ("word", "wer")):
-            rate, gain = (stats.error_rate(scored[name][unit]),
-                          stats.relative_gain(scored[name][unit], scored[REFERENCE][unit]))
-            row |= {f"dev_{key}": round(rate.value, 2), f"dev_{key}_ci": [round(rate.low, 2), round(rate.high, 2)],
-                    f"{key}_gain": round(gain.value, 4), f"{key}_gain_ci": gain.as_list()}
-        result.append(row)
-    return result
+    return [{"arm": name, "overrides": args.arms[name], "updates": last_updates(folder), "minutes": round(minutes, 1),
+             **dev_comparison(folder, trained[REFERENCE][0])} for name, (folder, minutes) in trained.items()]
 
 
 def main(argv=None):
+    logging.basicConfig(level=logging.INFO, format="%(levelname)s %(name)s: %(message)s", stream=sys.stderr)
     args = parse_args(argv)
     data = prepare(args)
     trained = {name: train_arm(args, data, name, words) for name, words in args.arms.items()}

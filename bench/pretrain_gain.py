@@ -36,7 +36,8 @@ is ``scratch+lm,joint+lm``):
 - ``--speech-targets units``: the speech pretrainings (speech, joint, the curve) predict k-means units of
   an encoder layer of the subset's scratch finetune instead of the config's BEST-RQ codes: HuBERT's next
   iteration with the model the labelled subset trained as the first (its units follow the characters
-  three times as well as BEST-RQ's codes: RESULTS.md D4). Per subset, charged that finetune.
+  three times as well as BEST-RQ's codes: RESULTS.md D4). Per subset, charged that finetune and the unit
+  extraction (so is ``scratch_equal_minutes``, through the joint arm's minutes).
 - ``scratch_equal_minutes`` (``+lm``): scratch finetuned for every minute the joint arm spent before its
   LM (its pretraining and each pretrained-parts candidate), less one finetune's start-up and dev pass as
   scratch spent them: with the LM, the minutes of ``joint+lm``. What a user would do with that time
@@ -175,14 +176,17 @@ def parse_args(argv=None):
                              "config's targets (small.yaml: BEST-RQ codes), or units: k-means (--units-clusters) "
                              "of encoder layer --units-layer of the subset's scratch finetune, on all train audio "
                              "(HuBERT's next iteration, the labelled subset's model as the first). Such "
-                             "pretrainings are per subset, in --exp folders ending _units, and charged the "
-                             "scratch finetune and the unit extraction")
-    parser.add_argument("--units-layer", type=int, default=4, help="--speech-targets units: the encoder layer "
-                                                                   "(0: input projection; small.yaml's top: 4)")
+                             "pretrainings are per subset, in --exp folders ending _units (one --exp per "
+                             "layer and cluster count), and charged the scratch finetune and the unit extraction")
+    parser.add_argument("--units-layer", type=int, default=4, help="--speech-targets units: the conformer layer "
+                                                                   "(1: the first; small.yaml's top: 4)")
     parser.add_argument("--units-clusters", type=int, default=100, help="--speech-targets units: k-means clusters")
     parser.add_argument("--json", action="store_true", help="end with one JSON line of the figures")
     args = parser.parse_args(argv)
     args.arms = arm_list(args.arms)
+    if args.units_layer < 1 or args.units_clusters < 2:
+        raise SystemExit(f"error: --units-layer {args.units_layer} / --units-clusters {args.units_clusters}: the "
+                         "layer counts from 1 (the first conformer layer), and k-means needs 2 clusters or more")
     args.pretrained_parts = [name.strip() for name in args.pretrained_parts.split(",") if name.strip()]
     if not args.pretrained_parts or set(args.pretrained_parts) - set(PARTS):
         raise SystemExit(f"error: --pretrained-parts {args.pretrained_parts}: use names of {list(PARTS)}")
@@ -274,6 +278,28 @@ def text_without_train(corpus, out):
         logger.info("LM text: %d of %d sentences of lm_text.txt, without the %d training transcripts",
                     len(kept), len(sentences), len(sentences) - len(kept))
     return out
+
+
+def finetune_command(config, folder, tokenizer, train_parquets, valid, minutes, extra=()):
+    """recipes/finetune/train.py's command for a bench finetune of ``minutes``: ``valid`` is its dev set and
+    its test stage a greedy CTC pass over it (``DEV_HYPS``); the ``extra`` overrides come last."""
+    return [sys.executable, "recipes/finetune/train.py", config, f"--output_folder={folder}",
+            f"--tokenizer_file={tokenizer}", f"--train_parquet=[{', '.join(train_parquets)}]",
+            f"--valid_parquet={valid}", f"--test_parquets=[{valid}]", "--test_search=ctc_greedy",
+            "--number_of_epochs=1000", f"--train_minutes={minutes}", "--noprogressbar", *extra]
+
+
+def dev_comparison(folder, base_folder):
+    """The greedy dev CER and WER of the finetune in ``folder`` (``DEV_HYPS``) with their intervals, and
+    their paired relative gains against the finetune in ``base_folder``: ``{"dev_cer", "dev_cer_ci",
+    "cer_gain", "cer_gain_ci", and the same for wer}``."""
+    row = {}
+    for unit, name in (("char", "cer"), ("word", "wer")):
+        ours, base = (stats.read_scored(os.path.join(f, DEV_HYPS), unit) for f in (folder, base_folder))
+        rate, gain = stats.error_rate(ours), stats.relative_gain(ours, base)
+        row |= {f"dev_{name}": round(rate.value, 2), f"dev_{name}_ci": [round(rate.low, 2), round(rate.high, 2)],
+                f"{name}_gain": round(gain.value, 4), f"{name}_gain_ci": gain.as_list()}
+    return row
 
 
 def dev_figures(folder):
@@ -388,12 +414,13 @@ class Bench:
         a = self.args
         minutes = a.pretrain_minutes if minutes is None else minutes
         name = f"pretrain_{modality}" + ("" if minutes == a.pretrain_minutes else f"_{minutes:g}min")
-        folder, targets, components = os.path.join(a.upstream_exp, name), [], {}
         if self.uses_units(modality):
             (train_units, valid_units), components = self.scratch_units(seed)
             name = f"seed{seed}/{name}{UNITS_SUFFIX}"
             folder = os.path.join(a.exp, name)
             targets = ["--speech_targets=kmeans", f"--units_dirs=[{train_units}]", f"--valid_units_dir={valid_units}"]
+        else:
+            folder, targets, components = os.path.join(a.upstream_exp, name), [], {}
         if name not in self.done:
             self.done[name] = step(folder, [
                 sys.executable, "recipes/pretrain/train.py", a.pretrain_config, f"--output_folder={folder}",
@@ -426,16 +453,12 @@ class Bench:
 
     def finetune(self, name, train_parquets, minutes, init=None, parts=None):
         """One finetune (averaged at its end; its test stage is a greedy pass over dev) -> minutes."""
-        a, valid = self.args, os.path.join(self.data.shards["valid"], POOL_PARQUET)
-        folder = os.path.join(a.exp, name)
-        command = [sys.executable, "recipes/finetune/train.py", a.finetune_config, f"--output_folder={folder}",
-                   f"--tokenizer_file={self.data.tokenizer}", f"--train_parquet=[{', '.join(train_parquets)}]",
-                   f"--valid_parquet={valid}", f"--test_parquets=[{valid}]", "--test_search=ctc_greedy",
-                   "--number_of_epochs=1000", f"--train_minutes={minutes}", "--noprogressbar",
-                   *([f"--pretrained={init}"] if init else []),
-                   *(PARTS[parts] if parts else []),
-                   *shlex.split(a.finetune_overrides)]
-        self.done[name] = step(folder, command)
+        a, folder = self.args, os.path.join(self.args.exp, name)
+        self.done[name] = step(folder, finetune_command(
+            a.finetune_config, folder, self.data.tokenizer, train_parquets,
+            os.path.join(self.data.shards["valid"], POOL_PARQUET), minutes,
+            [*([f"--pretrained={init}"] if init else []), *(PARTS[parts] if parts else []),
+             *shlex.split(a.finetune_overrides)]))
         return folder
 
     def model(self, name, seed):
@@ -473,7 +496,8 @@ class Bench:
         (of ``pretrain_minutes``) once per ``--pretrained-parts`` candidate and keep the one of lowest dev CER
         (the finetune's own greedy CTC pass over dev); every candidate's minutes are charged to the arm."""
         a, (init, components) = self.args, self.pretrained(modality, seed, pretrain_minutes)
-        where, dev = f"seed{seed}/{name or modality}{UNITS_SUFFIX if self.uses_units(modality) else ''}", {}
+        where = f"seed{seed}/{name or modality}" + (UNITS_SUFFIX if self.uses_units(modality) else "")
+        dev = {}
         for parts in a.pretrained_parts:
             folder = where if parts == "all" else f"{where}_{parts}"
             dev[folder] = (dev_figures(self.finetune(folder, [labelled], a.finetune_minutes, init, parts)), parts)
@@ -587,12 +611,9 @@ def speech_curve(bench, seeds):
             scratch, speech = bench.model("scratch", seed), bench.model(curve_model(bench.args, minutes), seed)
             row = {"pretrain_minutes": minutes, "seed": seed, "minutes": round(bench.minutes(speech, False), 1),
                    "scratch_minutes": round(bench.minutes(scratch, False), 1)}
-            for unit, name in (("char", "cer"), ("word", "wer")):
-                ours, base = (stats.read_scored(os.path.join(m.folder, DEV_HYPS), unit) for m in (speech, scratch))
-                gain = stats.relative_gain(ours, base)
-                row |= {f"dev_{name}": round(stats.error_rate(ours).value, 2),
-                        f"scratch_dev_{name}": round(stats.error_rate(base).value, 2),
-                        f"{name}_gain": round(gain.value, 4), f"{name}_gain_ci": gain.as_list()}
+            row |= dev_comparison(speech.folder, scratch.folder)
+            base = dev_comparison(scratch.folder, scratch.folder)
+            row |= {f"scratch_dev_{name}": base[f"dev_{name}"] for name in ("cer", "wer")}
             mine.append(row)
             print(f"  {minutes:g} min, subset {seed}: dev CER {row['dev_cer']:.2f} against {row['scratch_dev_cer']:.2f}"
                   f" ({row['cer_gain']:+.1%} [{row['cer_gain_ci'][0]:+.1%}, {row['cer_gain_ci'][1]:+.1%}]), WER "

@@ -62,9 +62,13 @@ def test_each_arm_changes_one_setting_and_is_scored_on_dev_against_shipped(speec
 
 def test_an_arm_is_written_name_equals_overrides():
     """--arm needs NAME=OVERRIDES (a name of letters, digits and _: it names the arm's folder); shipped
-    is always the first arm; without --arm the default arms run."""
+    is always the first arm, without overrides; a name is given once; without --arm the default arms run."""
     assert list(parse_args(["--arm", "lr=--lr_peak=0.001"]).arms) == ["shipped", "lr"]
     assert list(parse_args([]).arms) == ["shipped", "nosp", "dropout", "interctc"]
     for wrong in ("nosp", "--dropout=0.1", "a/b=--dropout=0.1"):  # no name, or one unfit for a folder
         with pytest.raises(SystemExit, match="NAME=OVERRIDES"):
             parse_args([f"--arm={wrong}"])
+    assert list(parse_args(["--arm", "shipped=", "--arm", "lr=--lr_peak=0.001"]).arms) == ["shipped", "lr"]
+    for twice in (["--arm", "shipped=--dropout=0.1"], ["--arm", "lr=--lr_peak=0.001", "--arm", "lr=--lr_peak=0.002"]):
+        with pytest.raises(SystemExit, match="already an arm"):  # the reference is never changed, no arm replaced
+            parse_args(twice)

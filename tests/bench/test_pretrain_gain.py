@@ -218,14 +218,21 @@ def test_units_targets_pretrain_per_subset_on_the_scratch_finetunes_units_and_ch
     clusters its --units-layer on train (fit) and applies that k-means to dev, and the speech
     pretraining of that subset (a folder of its own, ending _units) predicts those units; its finetune
     is charged the scratch finetune, both extractions, the pretraining and itself. Text pretraining
-    keeps the shared folder and the config's targets."""
+    keeps the shared folder and the config's targets. A second bench builds the same commands (its
+    steps are reused); a layer below 1 is refused before anything trains."""
     monkeypatch.setattr(pretrain_gain, "labelled_subset", lambda shards, share, seed: (f"labelled{seed}", "pool"))
     monkeypatch.setattr(pretrain_gain, "dev_figures", lambda folder: {"cer": 30.0, "wer": 70.0})
     commands = {}
-    monkeypatch.setattr(pretrain_gain, "step", lambda folder, command: commands.setdefault(folder, command) and 2.0)
-    args = parse_args(["--exp", str(tmp_path), "--pretrained-parts", "all", "--speech-targets", "units",
-                       "--units-layer", "3", "--units-clusters", "50"])
-    bench = Bench(args, Data({"train": "shards/train", "valid": "shards/valid"}, [], "text", "", "tok"))
+
+    def step(folder, command):  # each step's minutes tell which steps were charged: 1, 2, 4, 8, 16, ...
+        commands.setdefault(folder, command)
+        return 2.0 ** list(commands).index(folder)
+
+    monkeypatch.setattr(pretrain_gain, "step", step)
+    argv = ["--exp", str(tmp_path), "--pretrained-parts", "all", "--speech-targets", "units", "--units-layer", "3",
+            "--units-clusters", "50"]
+    data = Data({"train": "shards/train", "valid": "shards/valid"}, [], "text", "", "tok")
+    bench = Bench(parse_args(argv), data)
     model = bench.model("speech", 1234)
     seed_dir = tmp_path / "seed1234"
     units = seed_dir / "units_layer3_k50"
@@ -239,7 +246,13 @@ def test_units_targets_pretrain_per_subset_on_the_scratch_finetunes_units_and_ch
     assert ["--speech_targets=kmeans", f"--units_dirs=[{units / 'train'}]",
             f"--valid_units_dir={units / 'valid'}"] == [w for w in pretraining if w.startswith(TARGET_KEYS)]
     assert model.folder == str(seed_dir / "speech_units")
-    assert bench.minutes(model, False) == pytest.approx(5 * 2.0)  # scratch, 2 extractions, pretraining, finetune
+    assert bench.minutes(model, False) == 1 + 2 + 4 + 8 + 16  # scratch, 2 extractions, pretraining, finetune
+    first = dict(commands)
+    commands.clear()
+    Bench(parse_args(argv), data).model("speech", 1234)
+    assert commands == first
+    with pytest.raises(SystemExit, match="--units-layer 0"):
+        parse_args([*argv, "--units-layer", "0"])
     bench.model("text", 1234)
     text = commands[str(tmp_path / "pretrain_text")]
     assert not [w for w in text if w.startswith(TARGET_KEYS)]
