@@ -48,8 +48,10 @@ perturbation for every arm: with it, RESULTS.md G6, dev CER without LM fell for 
 dev WER decoded as the test splits are, with the LM, rose for scratch + LM on every subset and for
 joint + LM in the median, so dev keeps it off) and ``--finetune-minutes``, but for one rule the bench
 applies per pretrained arm on dev: what the finetune keeps of the pretraining (``--pretrained-parts``:
-every part, the decoder alone on a fresh encoder, or ``lower2``: every part but the encoder's conformer
-layers above the second, which RESULTS.md D1's probe found worse than random), each candidate
+every part, the decoder alone on a fresh encoder, ``lower2``: every part but the encoder's conformer
+layers above the second, which RESULTS.md D1's probe found worse than random, or every part with the
+encoder kept closer to its pretraining: ``slow_encoder`` at 0.3 of the rate, ``frozen_start`` frozen
+for the first 400 updates), each candidate
 finetuned, the one of lowest greedy CTC dev CER kept, all of them charged. Selection (these parts, the
 self-training threshold, ``best+lm``) reads dev only; the test
 splits are decoded after every requested arm is trained, once: hypotheses are kept in each arm's folder
@@ -117,7 +119,11 @@ POOL_ARMS = ("speech+lm", "text+lm", "joint+lm", "self_training+lm", "joint+self
 PARTS = {  # --pretrained-parts candidates -> their finetune overrides (all: the config's, every group)
     "all": [], "decoder": ["--pretrained_parts=[cross_attention, language_model]"],
     "encoder": ["--pretrained_parts=[encoder, ctc]"],
-    "lower2": ["--pretrained_encoder_layers=2"]}  # the top conformer layers fresh: RESULTS.md D1
+    "lower2": ["--pretrained_encoder_layers=2"],  # the top conformer layers fresh: RESULTS.md D1
+    # every part, the finetune keeping more of the encoder (RESULTS.md D4's lead): at 0.3 of the rate ...
+    "slow_encoder": ["--lr_scales={encoder: 0.3}"],
+    # ... or frozen for the first 400 updates while the fresh heads adapt to it (wav2vec 2.0's finetuning)
+    "frozen_start": ["--freeze_encoder_steps=400"]}
 SELF_TRAINING = {  # model -> (labeller, pools, pseudo_label.py options of the arm)
     "self_training": ("scratch", ("pool",), []), "joint_self_training": ("joint", ("pool",), []),
     "new_voices_pool": ("scratch", ("pool", NEW_VOICES), []),
@@ -165,7 +171,8 @@ def parse_args(argv=None):
                         help="what each pretrained arm may keep of its pretraining, chosen per arm on dev (the "
                              "finetune's greedy CTC dev CER), each candidate finetuned and charged: of "
                              + ", ".join(PARTS) + " (lower2: every part but the encoder's conformer layers above "
-                             "the second)")
+                             "the second; slow_encoder: every part, the encoder at 0.3 of the rate; "
+                             "frozen_start: every part, the encoder frozen for the first 400 updates)")
     parser.add_argument("--pseudo-label-args", default="", help="more recipes/finetune/pseudo_label.py options")
     parser.add_argument("--speech-curve", default="",
                         help="pretraining budgets in minutes (e.g. 7,15,30,60): speech-only pretraining of each, "

@@ -189,25 +189,32 @@ def test_speech_curve_pretrains_once_per_budget_and_scores_dev_against_scratch(m
 
 
 def test_each_parts_candidate_is_a_finetune_of_its_own_with_its_overrides(monkeypatch, tmp_path):
-    """--pretrained-parts all,decoder,lower2: three finetunes from the same pretraining, in folders of
-    their own, told apart by their overrides only (the decoder candidate's words as G1-G6 recorded
-    them, so their folders are reused); the lowest dev CER is kept and every candidate charged."""
+    """--pretrained-parts all,decoder,lower2,slow_encoder,frozen_start: five finetunes from the same
+    pretraining, in folders of their own, told apart by their overrides only (the decoder candidate's
+    words as G1-G6 recorded them, so their folders are reused); the lowest dev CER is kept and every
+    candidate charged."""
     monkeypatch.setattr(pretrain_gain, "labelled_subset", lambda shards, share, seed: (f"labelled{seed}", "pool"))
-    cer = {"joint": 33.0, "joint_decoder": 32.0, "joint_lower2": 31.0}
+    cer = {"joint": 33.0, "joint_decoder": 32.0, "joint_lower2": 31.5, "joint_slow_encoder": 31.0,
+           "joint_frozen_start": 32.5}
     monkeypatch.setattr(pretrain_gain, "dev_figures", lambda folder: {"cer": cer[os.path.basename(folder)],
                                                                      "wer": 70.0})
     commands = {}
     monkeypatch.setattr(pretrain_gain, "step", lambda folder, command: commands.setdefault(folder, command) and 9.0)
-    bench = Bench(parse_args(["--exp", str(tmp_path), "--pretrained-parts", "all,decoder,lower2"]),
+    bench = Bench(parse_args(["--exp", str(tmp_path), "--pretrained-parts",
+                              "all,decoder,lower2,slow_encoder,frozen_start"]),
                   Data({"train": "t", "valid": "v"}, [], "", "", ""))
     model = bench.model("joint", 1234)
     finetunes = {os.path.basename(f): c for f, c in commands.items() if "recipes/finetune/train.py" in c}
-    tails = {name: [w for w in command if w.startswith(("--pretrained_parts", "--pretrained_encoder_layers"))]
-             for name, command in finetunes.items()}
+    keys = ("--pretrained_parts", "--pretrained_encoder_layers", "--lr_scales", "--freeze_encoder_steps")
+    tails = {name: [w for w in command if w.startswith(keys)] for name, command in finetunes.items()}
     assert tails == {"joint": [], "joint_decoder": ["--pretrained_parts=[cross_attention, language_model]"],
-                     "joint_lower2": ["--pretrained_encoder_layers=2"]}
-    assert model.folder == str(tmp_path / "seed1234" / "joint_lower2")
-    assert bench.minutes(model, False) == pytest.approx(4 * 9.0)  # the pretraining and three finetunes
+                     "joint_lower2": ["--pretrained_encoder_layers=2"],
+                     "joint_slow_encoder": ["--lr_scales={encoder: 0.3}"],
+                     "joint_frozen_start": ["--freeze_encoder_steps=400"]}
+    assert all(any(w.startswith("--pretrained=") for w in command) for command in finetunes.values())
+    assert model.folder == str(tmp_path / "seed1234" / "joint_slow_encoder")
+    assert bench.minutes(model, False) == pytest.approx(6 * 9.0)  # the pretraining and five finetunes
+    assert bench.choices["seed1234/joint"]["chosen"] == "slow_encoder"
 
 
 TARGET_KEYS = ("--speech_targets", "--units_dirs", "--valid_units_dir")
