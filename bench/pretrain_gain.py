@@ -70,9 +70,11 @@ and joint's two candidates, four test decodings with the LM) is sized to fit 60 
 """
 
 import argparse
+import hashlib
 import json
 import logging
 import os
+import re
 import shlex
 import statistics
 import subprocess
@@ -82,9 +84,11 @@ from dataclasses import dataclass, field
 
 import numpy as np
 import pyarrow.parquet as pq
+import ruamel.yaml
 
 from bench import stats
 from common.atomic import atomic_write_text
+from common.recipe import BASE_KEY, SIZE_KEY
 from common.shard_format import POOL_PARQUET, write_metadata
 
 logger = logging.getLogger("pretrain_gain")
@@ -362,9 +366,32 @@ def run(command):
     return (time.perf_counter() - began) / 60.0
 
 
+def config_files(path):
+    """The yaml config at ``path`` and the files it stands on (``base_config``, ``model_size``), in order."""
+    with open(path, encoding="utf-8") as f:
+        tree = ruamel.yaml.YAML().load(f)
+    named = [tree[key] for key in (BASE_KEY, SIZE_KEY) if isinstance(tree, dict) and key in tree]
+    return [path] + [part for name in named for part in config_files(os.path.join(os.path.dirname(path), str(name)))]
+
+
+def config_digest(command):
+    """A digest of the settings in the yaml configs ``command`` names (their bases and model sizes with
+    them; comments and blank lines left out), so a step is not reused once its config has changed."""
+    digest = hashlib.sha256()
+    for word in command:
+        path = os.path.join(REPO, word)  # an absolute word stays itself
+        if word.endswith(".yaml") and os.path.isfile(path):
+            for part in config_files(path):
+                with open(part, encoding="utf-8") as f:
+                    lines = (re.sub(r"(^|\s)#.*$", "", line).rstrip() for line in f)
+                    digest.update("\n".join(line for line in lines if line).encode() + b"\0")
+    return digest.hexdigest()[:16]
+
+
 def step(folder, command):
     """Run ``command`` unless ``folder`` holds its finished record; returns the minutes it took (then). A
-    record of another command (other overrides, budgets, inputs) stops the bench rather than reuse it."""
+    record of another command (other overrides, budgets, inputs) or of the same command with other
+    settings in its config files stops the bench rather than reuse it."""
     record = os.path.join(folder, STEP_RECORD)
     if os.path.isfile(record):
         with open(record, encoding="utf-8") as f:
@@ -373,11 +400,18 @@ def step(folder, command):
             raise SystemExit(f"error: {folder} was made by another command:\n  {done['command']}\nnot\n  "
                              f"{shlex.join(command)}\ngive --exp another folder, or remove {folder} to train it "
                              "again")
-        print(f"reused {folder} ({done['minutes']:.1f} min)", flush=True)
+        if done.get("configs", config_digest(command)) != config_digest(command):
+            raise SystemExit(f"error: {folder} was made by the same command when its config files held other "
+                             f"settings ({', '.join(w for w in command if w.endswith('.yaml'))}): give --exp "
+                             f"another folder, or remove {folder} to train it again")
+        print(f"reused {folder} ({done['minutes']:.1f} min" + ("" if "configs" in done else
+                                                               "; made before configs were recorded") + ")",
+              flush=True)
         return done["minutes"]
     minutes = run(command)
     os.makedirs(folder, exist_ok=True)
-    atomic_write_text(record, json.dumps({"minutes": round(minutes, 3), "command": shlex.join(command)}) + "\n")
+    atomic_write_text(record, json.dumps({"minutes": round(minutes, 3), "command": shlex.join(command),
+                                          "configs": config_digest(command)}) + "\n")
     return minutes
 
 

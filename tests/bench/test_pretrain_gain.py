@@ -129,6 +129,35 @@ def test_a_finished_step_is_reused_only_for_the_command_that_made_it(tmp_path, c
     assert str(folder) in str(stopped.value) and "--train_loader" in str(stopped.value)
 
 
+def test_a_finished_step_is_not_reused_once_a_setting_in_its_configs_changed(tmp_path, capsys, monkeypatch):
+    """The record keeps a digest of the configs the command names, their base and model size included:
+    a changed comment still reuses the step, a changed value in the base or the size file stops the
+    bench, naming the folder; a record made before digests were kept is reused and says so."""
+    monkeypatch.setattr(pretrain_gain, "run", lambda command: 9.0)
+    configs = tmp_path / "hparams"
+    (configs / "sizes").mkdir(parents=True)
+    (configs / "base.yaml").write_text("dropout: 0.0  # none\ninter_ctc_weight: 0.0\n")
+    (configs / "sizes" / "small.yaml").write_text("d_model: 144\n")
+    derived = configs / "small.yaml"
+    derived.write_text("base_config: base.yaml\nmodel_size: sizes/small.yaml\nlr_peak: 0.002\n")
+    folder, command = str(tmp_path / "scratch"), [sys.executable, "train.py", str(derived), "--seed=1"]
+    assert step(folder, command) == 9.0
+    (configs / "base.yaml").write_text("# the shipped base\ndropout: 0.0  # none, measured on dev\n\n"
+                                       "inter_ctc_weight: 0.0\n")
+    assert step(folder, command) == 9.0 and "reused" in capsys.readouterr().out
+    for path, text in ((configs / "base.yaml", "dropout: 0.0\ninter_ctc_weight: 0.3\n"),
+                       (configs / "sizes" / "small.yaml", "d_model: 256\n")):
+        original = path.read_text()
+        path.write_text(text)
+        with pytest.raises(SystemExit, match="other settings") as stopped:
+            step(folder, command)
+        assert folder in str(stopped.value)
+        path.write_text(original)
+    record = tmp_path / "scratch" / "bench_step.json"
+    record.write_text(json.dumps({"minutes": 8.0, "command": shlex.join(command)}))
+    assert step(folder, command) == 8.0 and "before configs were recorded" in capsys.readouterr().out
+
+
 def test_upstream_exp_holds_the_lm_and_pretraining_and_exp_the_finetunes(monkeypatch, tmp_path):
     """With --upstream-exp, the LM and the pretraining are read from (or trained into) that folder while
     every finetune goes to --exp, so a bench that changes only finetune overrides reuses them; without it
