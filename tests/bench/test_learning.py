@@ -14,7 +14,8 @@ from local import train_tokenizer
 # until its 0.01-minute budget is spent (its history keeps minutes to 0.01), so a leg charged with it
 # shows it.
 TINY = ("--d_model=32 --nhead=2 --num_encoder_layers=1 --num_decoder_layers=1 --d_ffn=64 --n_mels=40 "
-        "--frontend_channels=8 --frontend_out_channels=8 --max_batch_seconds=20.0 --warmup_steps=4 --lr_peak=0.003")
+        "--frontend_channels=8 --frontend_out_channels=8 --max_batch_seconds=20.0 --warmup_steps=4 --lr_peak=0.003 "
+        "--inter_ctc_layers=[] --inter_ctc_weight=0.0")  # one encoder layer: none below it for intermediate CTC
 TINY_LM = "--embedding_dim=16 --rnn_layers=1 --rnn_neurons=32 --dnn_neurons=32 --warmup_steps=2"
 
 

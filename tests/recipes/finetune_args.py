@@ -11,10 +11,11 @@ CONFIGS = os.path.join(REPO, "recipes", "finetune", "hparams")
 TRAIN_PY = os.path.join(REPO, "recipes", "finetune", "train.py")
 RUN_SH = os.path.join(REPO, "recipes", "finetune", "run.sh")
 CHUNK_WARMUP = 2  # updates of the chunk-trained fixture with full context before chunking (conftest.py)
-# A model small enough to train a few epochs in seconds; the demo config's design otherwise.
+# A model small enough to train a few epochs in seconds; the demo config's design otherwise (one encoder
+# layer: no layer below it for small.yaml's intermediate CTC).
 TINY = ["--d_model=32", "--nhead=2", "--num_encoder_layers=1", "--num_decoder_layers=1", "--d_ffn=64",
         "--max_batch_seconds=20.0", "--num_workers=0", "--warmup_steps=4", "--lr_peak=0.003",
-        "--beam_size=2", "--noprogressbar"]
+        "--beam_size=2", "--inter_ctc_layers=[]", "--inter_ctc_weight=0.0", "--noprogressbar"]
 
 
 def run_sh(*args, check=True):
