@@ -400,7 +400,7 @@ def step(folder, command):
             raise SystemExit(f"error: {folder} was made by another command:\n  {done['command']}\nnot\n  "
                              f"{shlex.join(command)}\ngive --exp another folder, or remove {folder} to train it "
                              "again")
-        if done.get("configs", config_digest(command)) != config_digest(command):
+        if "configs" in done and done["configs"] != config_digest(command):
             raise SystemExit(f"error: {folder} was made by the same command when its config files held other "
                              f"settings ({', '.join(w for w in command if w.endswith('.yaml'))}): give --exp "
                              f"another folder, or remove {folder} to train it again")
