@@ -6,17 +6,18 @@
         --arm lr=--lr_peak=0.001
 
 Every arm trains ``--config`` (default ``recipes/finetune/hparams/small.yaml``) on every training label
-of the open corpus (``bench/pretrain_gain.py``'s shards and character tokenizer, made once) for the same
+of the open corpus (``bench/open_corpus.py``'s shards and character tokenizer, made once) for the same
 ``--minutes``, with its overrides and nothing else changed, one arm after the other on this machine.
 The figures are the finetune's own greedy CTC pass over dev (no LM): CER and WER with bootstrap 95 %
 intervals over utterances, and each arm's relative CER and WER gain against the first arm (``shipped``:
 no override) with its paired interval (``bench.stats``). A choice is a change whose CER gain interval lies
 above 0 (fewer errors than shipped). The test splits are never read: a screen chooses, a later full-budget run reports.
 
-Default arms (``small.yaml``'s choices made on test on corpus v1, recipes/finetune/RESULTS.md sp1, d1,
-ic1): ``shipped``; ``nosp`` (no speed perturbation); ``dropout`` (0.1); ``interctc`` (intermediate CTC on
-layer 2 of 4, weight 0.3). Finished arms are reused (``bench_step.json`` in each arm's folder); an arm
-whose folder was made by another command stops the bench.
+Default arms (each of ``small.yaml``'s choices turned the other way, recipes/finetune/RESULTS.md sp2, d2,
+ic2): ``shipped``; ``nosp`` (no speed perturbation); ``dropout`` (0.1, where it ships none);
+``nointerctc`` (no intermediate CTC, which it trains on layer 2 of 4 with weight 0.3). Finished arms are
+reused (``bench_step.json`` in each arm's folder); an arm whose folder was made by another command stops
+the bench.
 
 ``--json`` ends with one line: ``{"arms": [{"arm", "overrides", "dev_cer", "dev_cer_ci", "dev_wer",
 "dev_wer_ci", "cer_gain", "cer_gain_ci", "wer_gain", "wer_gain_ci", "updates", "minutes"}...],
@@ -31,14 +32,16 @@ import shlex
 import sys
 
 from bench import stats
-from bench.pretrain_gain import DEFAULT_CORPUS, POOL_PARQUET, REPO, dev_comparison, finetune_command, prepare, step
+from bench.open_corpus import DEFAULT_CORPUS, prepare
+from bench.steps import REPO, dev_comparison, finetune_command, step
 from common.curves import EpochHistory
+from common.shard_format import POOL_PARQUET
 
 DEFAULT_ARMS = {
     "shipped": "",
     "nosp": """'--train_loader={"speed_perturb":null}'""",
     "dropout": "--dropout=0.1",
-    "interctc": "--inter_ctc_layers=[2] --inter_ctc_weight=0.3",
+    "nointerctc": "--inter_ctc_layers=[] --inter_ctc_weight=0.0",
 }
 REFERENCE = "shipped"
 
@@ -46,7 +49,7 @@ REFERENCE = "shipped"
 def parse_args(argv=None):
     parser = argparse.ArgumentParser(description=__doc__.split("\n")[0],
                                      formatter_class=argparse.ArgumentDefaultsHelpFormatter)
-    parser.add_argument("--corpus", default=DEFAULT_CORPUS, help="corpus folder (bench/pretrain_gain.py's)")
+    parser.add_argument("--corpus", default=DEFAULT_CORPUS, help="corpus folder (as bench/pretrain_gain.py's)")
     parser.add_argument("--data", help="shards, text, tokenizer (default: the corpus folder's parent)")
     parser.add_argument("--exp", default="exp/config_screen", help="one folder per arm")
     parser.add_argument("--config", default="recipes/finetune/hparams/small.yaml")

@@ -70,33 +70,22 @@ and joint's two candidates, four test decodings with the LM) is sized to fit 60 
 """
 
 import argparse
-import hashlib
 import json
 import logging
 import os
-import re
 import shlex
 import statistics
-import subprocess
 import sys
 import time
 from dataclasses import dataclass, field
 
-import numpy as np
-import pyarrow.parquet as pq
-import ruamel.yaml
-
 from bench import stats
+from bench.open_corpus import DEFAULT_CORPUS, NEW_VOICES, labelled_subset, prepare
+from bench.steps import REPO, dev_comparison, dev_figures, finetune_command, step
 from common.atomic import atomic_write_text
-from common.recipe import BASE_KEY, SIZE_KEY
-from common.shard_format import POOL_PARQUET, write_metadata
+from common.shard_format import POOL_PARQUET
 
 logger = logging.getLogger("pretrain_gain")
-REPO = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
-DEFAULT_CORPUS = os.path.join("data", "open", "corpus")
-NEW_VOICES = "unlabelled_new_voices"
-TEST_SPLITS = ("test_seen", "test_unseen", "test")
-STEP_RECORD = "bench_step.json"
 FIRST_SEED = 1234
 MODALITIES = {  # pretrain train.py overrides that restrict pretraining to one modality
     "speech": ["--text_parquets=[]", "--paired_parquets=[]"],
@@ -135,7 +124,6 @@ SELF_TRAINING = {  # model -> (labeller, pools, pseudo_label.py options of the a
 NEW_VOICE_ARMS = ("new_voices_pool+lm", "new_voices_share+lm")
 CURVE_PREFIX = "speech_"  # model speech_<m>min: finetuned from speech-only pretraining of m minutes
 UNITS_SUFFIX = "_units"  # --speech-targets units: the per-subset pretrainings' and their finetunes' folders
-DEV_HYPS = "hyp_valid_ctc_greedy.jsonl"  # a finetune's test stage over dev (greedy CTC, no LM)
 
 
 def parse_args(argv=None):
@@ -225,194 +213,6 @@ def arm_list(spec):
     if unknown:
         raise SystemExit(f"error: --arms: unknown arm(s) {unknown}: use core, all or names of {list(ARMS)}")
     return [name for name in ARMS if name in names]
-
-
-# ---- data -------------------------------------------------------------------------------------------
-
-@dataclass
-class Data:
-    """The prepared corpus: shard folders by split, text parquets, the tokenizer."""
-
-    shards: dict
-    tests: list
-    lm_text: str
-    lm_valid: str
-    tokenizer: str
-    new_voices: str = None
-
-
-def prepare(args):
-    """Shards of every split (and of the new voices, untranscribed), the text parquets and the character
-    tokenizer (with ``<mask>``) that every arm shares; each made once."""
-    from local import make_shards, make_text_shards, train_tokenizer
-
-    corpus = ensure_corpus(args.corpus)
-    tests = [name for name in TEST_SPLITS if os.path.isfile(os.path.join(corpus, f"{name}.jsonl"))]
-    splits = {"train": "train", "valid": "dev", **{name: name for name in tests}}
-    if os.path.isfile(os.path.join(corpus, f"{NEW_VOICES}.jsonl")):
-        splits[NEW_VOICES] = NEW_VOICES
-    shards = {}
-    for name, source in splits.items():
-        shards[name] = os.path.join(args.data, "shards", name)
-        if not os.path.isfile(os.path.join(shards[name], POOL_PARQUET)):
-            make_shards.main([os.path.join(corpus, f"{source}.jsonl"), shards[name], "--prefix", name,
-                              "--shard-size", "64", "--rebuild", *(["--unlabelled"] if name == NEW_VOICES else [])])
-    texts = {}
-    lm_text = text_without_train(corpus, os.path.join(args.data, "text", "lm_text_without_train.txt"))
-    for name, source in (("lm_text", lm_text), ("lm_valid", os.path.join(corpus, "dev.jsonl"))):
-        texts[name] = os.path.join(args.data, "text", f"{name}.parquet")
-        if not os.path.isfile(texts[name]):
-            make_text_shards.main([source, texts[name]])
-    tokenizer = os.path.join(args.data, "tokenizer_pretrain", "char.model")
-    if not os.path.isfile(tokenizer):
-        train_tokenizer.main([shards["train"], texts["lm_text"], os.path.dirname(tokenizer), "--model-type", "char",
-                              "--user-symbols", "<mask>"])
-    if NEW_VOICES not in shards:
-        logger.warning("%s has no %s.jsonl: the new-voice arms are skipped (make the corpus again with "
-                       "local/synth_corpus.py --profile open to get it)", corpus, NEW_VOICES)
-    return Data(shards, tests, texts["lm_text"], texts["lm_valid"], tokenizer, shards.get(NEW_VOICES))
-
-
-def text_without_train(corpus, out):
-    """``lm_text.txt`` less every training transcript, written once to ``out``: the pool's transcripts
-    would otherwise reach the LM and text pretraining, and an LM that has read the very sentences it
-    helps pseudo-label flatters self-training. (The labelled subset's are dropped too: it changes with
-    the seed, the LM does not; they are under 3 % of the text.)"""
-    if not os.path.isfile(out):
-        with open(os.path.join(corpus, "train.jsonl"), encoding="utf-8") as lines:
-            train = {json.loads(line)["text"].strip() for line in lines if line.strip()}
-        with open(os.path.join(corpus, "lm_text.txt"), encoding="utf-8") as lines:
-            sentences = [line.strip() for line in lines if line.strip()]
-        kept = [sentence for sentence in sentences if sentence not in train]
-        os.makedirs(os.path.dirname(out), exist_ok=True)
-        atomic_write_text(out, "".join(f"{sentence}\n" for sentence in kept))
-        logger.info("LM text: %d of %d sentences of lm_text.txt, without the %d training transcripts",
-                    len(kept), len(sentences), len(sentences) - len(kept))
-    return out
-
-
-def finetune_command(config, folder, tokenizer, train_parquets, valid, minutes, extra=()):
-    """recipes/finetune/train.py's command for a bench finetune of ``minutes``: ``valid`` is its dev set and
-    its test stage a greedy CTC pass over it (``DEV_HYPS``); the ``extra`` overrides come last."""
-    return [sys.executable, "recipes/finetune/train.py", config, f"--output_folder={folder}",
-            f"--tokenizer_file={tokenizer}", f"--train_parquet=[{', '.join(train_parquets)}]",
-            f"--valid_parquet={valid}", f"--test_parquets=[{valid}]", "--test_search=ctc_greedy",
-            "--number_of_epochs=1000", f"--train_minutes={minutes}", "--noprogressbar", *extra]
-
-
-def dev_comparison(folder, base_folder):
-    """The greedy dev CER and WER of the finetune in ``folder`` (``DEV_HYPS``) with their intervals, and
-    their paired relative gains against the finetune in ``base_folder``: ``{"dev_cer", "dev_cer_ci",
-    "cer_gain", "cer_gain_ci", and the same for wer}``."""
-    row = {}
-    for unit, name in (("char", "cer"), ("word", "wer")):
-        ours, base = (stats.read_scored(os.path.join(f, DEV_HYPS), unit) for f in (folder, base_folder))
-        rate, gain = stats.error_rate(ours), stats.relative_gain(ours, base)
-        row |= {f"dev_{name}": round(rate.value, 2), f"dev_{name}_ci": [round(rate.low, 2), round(rate.high, 2)],
-                f"{name}_gain": round(gain.value, 4), f"{name}_gain_ci": gain.as_list()}
-    return row
-
-
-def dev_figures(folder):
-    """``{"wer", "cer"}`` of a finetune's test stage over dev (greedy CTC), from its results.json."""
-    with open(os.path.join(folder, "results.json"), encoding="utf-8") as f:
-        valid = json.load(f)["valid"]
-    return {"wer": valid["wer"], "cer": valid["cer"]}
-
-
-def ensure_corpus(corpus):
-    """The corpus folder; the default open corpus is synthesized when missing, another must exist."""
-    missing = [name for name in ("train.jsonl", "dev.jsonl", "lm_text.txt")
-               if not os.path.isfile(os.path.join(corpus, name))]
-    if missing and corpus == os.path.abspath(DEFAULT_CORPUS) and not os.path.exists(corpus):
-        run([sys.executable, "local/synth_corpus.py", corpus, "--profile", "open"])
-    elif missing:
-        raise SystemExit(f"error: {corpus} lacks {missing}: give --corpus a folder made by local/synth_corpus.py "
-                         "(or one with train.jsonl, dev.jsonl, test*.jsonl and lm_text.txt)")
-    return corpus
-
-
-def labelled_subset(train_shards, share, seed):
-    """``(labelled parquet, pool parquet)`` beside the train shards: a seeded ``share`` of the rows, and
-    the rest with its transcripts removed (the unlabelled pool)."""
-    names = [os.path.join(train_shards, f"metadata_{kind}_{round(100 * share)}_seed{seed}.parquet")
-             for kind in ("labelled", "pool")]
-    if all(os.path.isfile(name) for name in names):
-        return names
-    table = pq.read_table(os.path.join(train_shards, POOL_PARQUET))
-    chosen = np.zeros(table.num_rows, dtype=bool)
-    chosen[np.random.default_rng(seed).choice(table.num_rows, size=max(1, round(share * table.num_rows)),
-                                              replace=False)] = True
-    rows = table.to_pylist()
-    write_metadata([r for r, keep in zip(rows, chosen) if keep], names[0])
-    write_metadata([{**r, "text": None} for r, keep in zip(rows, chosen) if not keep], names[1], unlabelled=True)
-    labelled_s = sum(r["duration"] for r, keep in zip(rows, chosen) if keep)
-    pool_s = sum(r["duration"] for r, keep in zip(rows, chosen) if not keep)
-    logger.info("seed %d: %d labelled utterances (%.2f h), pool %.2f h (%.1fx)", seed, chosen.sum(),
-                labelled_s / 3600, pool_s / 3600, pool_s / max(labelled_s, 1e-9))
-    if pool_s < 5 * labelled_s:
-        logger.warning("the unlabelled pool is only %.1fx the labelled audio (the bench's claim needs >= 5x): "
-                       "lower --labelled-share", pool_s / max(labelled_s, 1e-9))
-    return names
-
-
-# ---- steps: each a training run whose minutes are recorded and reused -------------------------------
-
-def run(command):
-    """Run a command from the repository root, echoing it; stop the bench if it fails. Returns minutes."""
-    print("+ " + shlex.join(command), flush=True)
-    began = time.perf_counter()
-    subprocess.run(command, cwd=REPO, check=True)
-    return (time.perf_counter() - began) / 60.0
-
-
-def config_files(path):
-    """The yaml config at ``path`` and the files it stands on (``base_config``, ``model_size``), in order."""
-    with open(path, encoding="utf-8") as f:
-        tree = ruamel.yaml.YAML().load(f)
-    named = [tree[key] for key in (BASE_KEY, SIZE_KEY) if isinstance(tree, dict) and key in tree]
-    return [path] + [part for name in named for part in config_files(os.path.join(os.path.dirname(path), str(name)))]
-
-
-def config_digest(command):
-    """A digest of the settings in the yaml configs ``command`` names (their bases and model sizes with
-    them; comments and blank lines left out), so a step is not reused once its config has changed."""
-    digest = hashlib.sha256()
-    for word in command:
-        path = os.path.join(REPO, word)  # an absolute word stays itself
-        if word.endswith(".yaml") and os.path.isfile(path):
-            for part in config_files(path):
-                with open(part, encoding="utf-8") as f:
-                    lines = (re.sub(r"(^|\s)#.*$", "", line).rstrip() for line in f)
-                    digest.update("\n".join(line for line in lines if line).encode() + b"\0")
-    return digest.hexdigest()[:16]
-
-
-def step(folder, command):
-    """Run ``command`` unless ``folder`` holds its finished record; returns the minutes it took (then). A
-    record of another command (other overrides, budgets, inputs) or of the same command with other
-    settings in its config files stops the bench rather than reuse it."""
-    record = os.path.join(folder, STEP_RECORD)
-    if os.path.isfile(record):
-        with open(record, encoding="utf-8") as f:
-            done = json.load(f)
-        if shlex.split(done["command"])[1:] != command[1:]:  # the interpreter's path may differ
-            raise SystemExit(f"error: {folder} was made by another command:\n  {done['command']}\nnot\n  "
-                             f"{shlex.join(command)}\ngive --exp another folder, or remove {folder} to train it "
-                             "again")
-        if "configs" in done and done["configs"] != config_digest(command):
-            raise SystemExit(f"error: {folder} was made by the same command when its config files held other "
-                             f"settings ({', '.join(w for w in command if w.endswith('.yaml'))}): give --exp "
-                             f"another folder, or remove {folder} to train it again")
-        print(f"reused {folder} ({done['minutes']:.1f} min" + ("" if "configs" in done else
-                                                               "; made before configs were recorded") + ")",
-              flush=True)
-        return done["minutes"]
-    minutes = run(command)
-    os.makedirs(folder, exist_ok=True)
-    atomic_write_text(record, json.dumps({"minutes": round(minutes, 3), "command": shlex.join(command),
-                                          "configs": config_digest(command)}) + "\n")
-    return minutes
 
 
 @dataclass

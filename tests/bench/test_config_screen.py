@@ -64,7 +64,7 @@ def test_an_arm_is_written_name_equals_overrides():
     """--arm needs NAME=OVERRIDES (a name of letters, digits and _: it names the arm's folder); shipped
     is always the first arm, without overrides; a name is given once; without --arm the default arms run."""
     assert list(parse_args(["--arm", "lr=--lr_peak=0.001"]).arms) == ["shipped", "lr"]
-    assert list(parse_args([]).arms) == ["shipped", "nosp", "dropout", "interctc"]
+    assert list(parse_args([]).arms) == ["shipped", "nosp", "dropout", "nointerctc"]
     for wrong in ("nosp", "--dropout=0.1", "a/b=--dropout=0.1"):  # no name, or one unfit for a folder
         with pytest.raises(SystemExit, match="NAME=OVERRIDES"):
             parse_args([f"--arm={wrong}"])

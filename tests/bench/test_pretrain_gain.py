@@ -11,7 +11,8 @@ import pytest
 import yaml
 
 from bench import pretrain_gain
-from bench.pretrain_gain import NO_SPEED_PERTURB, Bench, Data, Model, parse_args, step, text_without_train
+from bench.open_corpus import Data
+from bench.pretrain_gain import NO_SPEED_PERTURB, Bench, Model, parse_args
 from tests.recipes.finetune_args import REPO, TINY
 from tests.recipes.test_lm import TINY_LM
 from tests.recipes.test_pretrain import TINY as TINY_PRETRAIN
@@ -71,17 +72,6 @@ def test_the_bench_prints_every_arm_with_intervals_and_reuses_finished_arms(spee
     assert json.loads(second.strip().splitlines()[-1])["arms"] == rows
 
 
-def test_the_lm_text_holds_no_training_transcript(tmp_path):
-    """The LM and text pretraining read lm_text.txt less every training transcript (the pool's would
-    flatter self-training); other sentences are kept in order, and the file is written once."""
-    (tmp_path / "train.jsonl").write_text("".join(json.dumps({"text": t}) + "\n" for t in ["a b c", "d e"]))
-    (tmp_path / "lm_text.txt").write_text("x y\na b c\nd e f\nd e\nz\n")
-    out = text_without_train(tmp_path, tmp_path / "text" / "lm.txt")
-    assert open(out).read().splitlines() == ["x y", "d e f", "z"]
-    (tmp_path / "lm_text.txt").write_text("changed\n")
-    assert open(text_without_train(tmp_path, out)).read().splitlines() == ["x y", "d e f", "z"]
-
-
 def test_the_default_finetune_override_reaches_train_py_as_a_mapping():
     """The default --finetune-overrides, split into words as the bench splits them, is one override whose
     value reads as {speed_perturb: None} (without the shell quotes, YAML read a key "speed_perturb:null")."""
@@ -112,50 +102,6 @@ def test_scratch_at_equal_minutes_is_charged_what_joint_lm_spent(monkeypatch, tm
     assert asked == [("seed1234/scratch_equal_minutes", ["labelled1234"], pytest.approx(25.2), None)]
     assert bench.minutes(equal, True) == pytest.approx(bench.minutes(bench.models["joint", 1234], True))
     assert bench.minutes(equal, True) > bench.minutes(bench.models["scratch", 1234], True) + 16
-
-
-def test_a_finished_step_is_reused_only_for_the_command_that_made_it(tmp_path, capsys):
-    """A step folder's record is reused when the command is the same (whatever the interpreter's path);
-    with other overrides the bench stops, naming the folder and both commands, instead of charging and
-    decoding a model trained otherwise."""
-    folder = tmp_path / "seed1234" / "scratch"
-    folder.mkdir(parents=True)
-    (folder / "bench_step.json").write_text(json.dumps({"minutes": 9.2, "command": "/old/python train.py a.yaml "
-                                                                                 "--train_minutes=9.0"}))
-    assert step(str(folder), [sys.executable, "train.py", "a.yaml", "--train_minutes=9.0"]) == 9.2
-    assert "reused" in capsys.readouterr().out
-    with pytest.raises(SystemExit, match="made by another command") as stopped:
-        step(str(folder), [sys.executable, "train.py", "a.yaml", "--train_minutes=9.0", "--train_loader={}"])
-    assert str(folder) in str(stopped.value) and "--train_loader" in str(stopped.value)
-
-
-def test_a_finished_step_is_not_reused_once_a_setting_in_its_configs_changed(tmp_path, capsys, monkeypatch):
-    """The record keeps a digest of the configs the command names, their base and model size included:
-    a changed comment still reuses the step, a changed value in the base or the size file stops the
-    bench, naming the folder; a record made before digests were kept is reused and says so."""
-    monkeypatch.setattr(pretrain_gain, "run", lambda command: 9.0)
-    configs = tmp_path / "hparams"
-    (configs / "sizes").mkdir(parents=True)
-    (configs / "base.yaml").write_text("dropout: 0.0  # none\ninter_ctc_weight: 0.0\n")
-    (configs / "sizes" / "small.yaml").write_text("d_model: 144\n")
-    derived = configs / "small.yaml"
-    derived.write_text("base_config: base.yaml\nmodel_size: sizes/small.yaml\nlr_peak: 0.002\n")
-    folder, command = str(tmp_path / "scratch"), [sys.executable, "train.py", str(derived), "--seed=1"]
-    assert step(folder, command) == 9.0
-    (configs / "base.yaml").write_text("# the shipped base\ndropout: 0.0  # none, measured on dev\n\n"
-                                       "inter_ctc_weight: 0.0\n")
-    assert step(folder, command) == 9.0 and "reused" in capsys.readouterr().out
-    for path, text in ((configs / "base.yaml", "dropout: 0.0\ninter_ctc_weight: 0.3\n"),
-                       (configs / "sizes" / "small.yaml", "d_model: 256\n")):
-        original = path.read_text()
-        path.write_text(text)
-        with pytest.raises(SystemExit, match="other settings") as stopped:
-            step(folder, command)
-        assert folder in str(stopped.value)
-        path.write_text(original)
-    record = tmp_path / "scratch" / "bench_step.json"
-    record.write_text(json.dumps({"minutes": 8.0, "command": shlex.join(command)}))
-    assert step(folder, command) == 8.0 and "before configs were recorded" in capsys.readouterr().out
 
 
 def test_upstream_exp_holds_the_lm_and_pretraining_and_exp_the_finetunes(monkeypatch, tmp_path):
