@@ -25,13 +25,13 @@ from hyperpyyaml import load_hyperpyyaml
 from common.audio_io import SAMPLE_RATE
 from common.data import Tokenizer, vocab_size
 from common.decoding import beam_search, build_beam_searcher, ctc_greedy, ids_to_text
-from common.models.experiment import graph_yaml, read_config_tree
+from common.models.experiment import AVERAGED_FILE, graph_yaml, read_config_tree
 from common.models.transfer import TOKENIZER_COPY
 from common.user_errors import UserValueError
 
 logger = logging.getLogger(__name__)
 
-AVERAGED_FILE, LM_CHECKPOINT = "averaged.ckpt", "lm.ckpt"
+LM_CHECKPOINT = "lm.ckpt"
 SEARCHES = ("beam", "ctc_greedy")
 DEFAULT_MAX_DURATION = 30.0  # s: the longest piece decoded when the config sets no max_duration filter
 # The config's decoding keys, as the test stage used them.

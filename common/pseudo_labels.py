@@ -44,6 +44,7 @@ from common.data.metadata import read_table
 from common.data.shard_audio import BadDataCounts, decoded_audio
 from common.decoding import ids_to_text
 from common.inference import length_batches, pad_waveforms
+from common.models.experiment import AVERAGED_FILE
 from common.shard_format import POOL_PARQUET, write_metadata
 from common.user_errors import UserValueError
 
@@ -251,7 +252,7 @@ def write_scored(scored, kept, path):
 def export_as_checkpoint(exp_dir, folder):
     """The averaged model of a finetune experiment as a checkpoint folder (``model.ckpt``,
     ``normalize.ckpt``) that another finetune starts from with ``--pretrained=<folder>``."""
-    state = torch.load(os.path.join(exp_dir, "averaged.ckpt"), map_location="cpu")
+    state = torch.load(os.path.join(exp_dir, AVERAGED_FILE), map_location="cpu")
     checkpoint = os.path.join(folder, "CKPT+averaged")
     os.makedirs(checkpoint, exist_ok=True)
     for name in ("model", "normalize"):

@@ -18,6 +18,7 @@ import re
 from ruamel.yaml import YAML
 
 CONFIG_FILE = "hyperparams.yaml"
+AVERAGED_FILE = "averaged.ckpt"  # a finetuning's averaged weights, written by its test stage
 VOCAB_SIZE_CALL = re.compile(r"!apply:common\.data\.vocab_size\s*\[[^\]]*\]")
 VOCAB_SIZE_ANCHOR = re.compile(r"&(\w+)\s+!apply:common\.data\.vocab_size")
 

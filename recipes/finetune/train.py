@@ -39,6 +39,7 @@ from common.feasibility import warn_if_infeasible
 from common.inference import load_language_model
 from common.metrics import TranscriptMetrics
 from common.models.encoder_decoder import parameter_group
+from common.models.experiment import AVERAGED_FILE
 from common.models.pretraining import text_to_text
 from common.models.transfer import check_same_tokenizer, load_pretrained
 from common.objectives import check_inter_ctc, check_reduction, drop_prefix, joint_ctc_attention_loss, sequence_loss
@@ -176,7 +177,7 @@ class ASR(RecipeBrain):
             line = record_results(
                 folder, self.split, primary.summary(), search=self.hparams.test_search,
                 ctc_greedy=self.metrics["ctc_greedy"].summary(), config=self.hparams.config_file,
-                checkpoint=os.path.join(folder, "averaged.ckpt"), averaged=self.averaged)
+                checkpoint=os.path.join(folder, AVERAGED_FILE), averaged=self.averaged)
             logger.info("%s", line)
         # every rank calls it: SpeechBrain's logger writes on the main process and broadcasts
         self.hparams.train_logger.log_stats({"split": self.split}, test_stats=primary.summary())
@@ -190,7 +191,7 @@ class ASR(RecipeBrain):
         super().on_evaluate_start(max_key=max_key, min_key=min_key)
         self.averaged = average_best_checkpoints(  # the checkpoints hold the model's own keys, not DDP's
             self.checkpointer, self.bare_model(), self.hparams.average_checkpoints,
-            save_path=os.path.join(self.hparams.output_folder, "averaged.ckpt"),
+            save_path=os.path.join(self.hparams.output_folder, AVERAGED_FILE),
             normalize=self.hparams.graph["normalize"], **self.ranking())
         self.build_searcher()
 

@@ -329,6 +329,28 @@ def test_a_second_iteration_clusters_an_encoder_layer_of_the_pretrained_model(pr
     assert exit_info.value.code == 2
 
 
+def test_encoder_layer_features_come_from_a_finetunings_averaged_weights(pretrained, tmp_path):
+    """An experiment with ``averaged.ckpt`` (a finetuning's test stage writes it) is read through those
+    weights, not its newest checkpoint: the same weights saved there give the same features, halved ones
+    other features, and the k-means record names the file whose weights it hashed."""
+    from common.models.encoder_features import EncoderLayerFeatures
+
+    wave = torch.randn(16000, generator=torch.Generator().manual_seed(0)).numpy() * 0.1
+    newest = EncoderLayerFeatures(str(pretrained), 1)
+    copy = tmp_path / "finetuned"
+    shutil.copytree(pretrained, copy)
+    weights = newest.model.state_dict()
+    statistics = torch.load(os.path.join(sorted(glob.glob(str(pretrained / "save" / "CKPT+*")))[-1],
+                                         "normalize.ckpt"))
+    torch.save({"model": weights, "normalize": statistics}, copy / "averaged.ckpt")
+    same = EncoderLayerFeatures(str(copy), 1)
+    assert same.describe()["weights"] == "averaged.ckpt" and newest.describe()["weights"] == "model.ckpt"
+    assert same(wave) == pytest.approx(newest(wave), abs=1e-5)
+    halved = {name: value * 0.5 if value.is_floating_point() else value for name, value in weights.items()}
+    torch.save({"model": halved, "normalize": statistics}, copy / "averaged.ckpt")
+    assert abs(EncoderLayerFeatures(str(copy), 1)(wave) - newest(wave)).max() > 1e-3
+
+
 def test_speech_and_text_corpora_take_their_own_temperature(pretrain_data, speech_shards, tmp_path):
     """speech_alpha 0 shares the two speech corpora equally; text_alpha 1 shares the two text corpora
     in proportion to their batches per epoch (natural sizes), corpus_mixing_alpha 0.5 left unused: each
