@@ -57,7 +57,8 @@ self-training threshold, ``best+lm``) reads dev only; the test
 splits are decoded after every requested arm is trained, once: hypotheses are kept in each arm's folder
 (``bench_hyp_<split>[_lm].jsonl``) and reused, as are finished trainings (``bench_step.json``), so
 ``--arms all --seeds 3`` can be built over several runs. ``--seeds N`` draws N labelled subsets (seeds
-1234, 1235, ...); pretrainings, the LM and ``all_labels`` are shared by all of them.
+1234, 1235, ...; ``--first-seed`` moves the start); pretrainings, the LM and ``all_labels`` are shared by
+all of them.
 
 Prints, per subset, arm and split: WER with its bootstrap 95 % interval over utterances, the relative
 WER gain against ``scratch+lm`` with its paired interval (``bench.stats``), and the minutes the arm
@@ -140,6 +141,8 @@ def parse_args(argv=None):
                                                "only the finetunes change")
     parser.add_argument("--arms", default="core", help="core, all, or a comma-separated list of " + ", ".join(ARMS))
     parser.add_argument("--seeds", type=int, default=1, help="labelled subsets (seeds 1234, 1235, ...)")
+    parser.add_argument("--first-seed", type=int, default=FIRST_SEED,
+                        help="the first subset's seed (--seeds 1 --first-seed 1235: the second subset alone)")
     parser.add_argument("--labelled-share", type=float, default=0.15, help="share of train that is labelled")
     parser.add_argument("--pretrain-minutes", type=float, default=7.0,
                         help="each pretraining's budget (it ends at the update that spends it)")
@@ -204,6 +207,11 @@ def parse_args(argv=None):
     for key in ("pretrain_config", "finetune_config", "lm_config"):
         setattr(args, key, os.path.join(REPO, getattr(args, key)))
     return args
+
+
+def subset_seeds(args):
+    """The labelled subsets' seeds: ``--seeds`` of them from ``--first-seed`` on."""
+    return [args.first_seed + i for i in range(args.seeds)]
 
 
 def arm_list(spec):
@@ -580,7 +588,7 @@ def main(argv=None):
     logging.basicConfig(level=logging.INFO, format="%(levelname)s %(name)s: %(message)s", stream=sys.stderr)
     args = parse_args(argv)
     data = prepare(args)
-    bench, seeds = Bench(args, data), [FIRST_SEED + i for i in range(args.seeds)]
+    bench, seeds = Bench(args, data), subset_seeds(args)
     arms = available_arms(args, data)
     train_all(bench, arms, seeds)
     for seed in seeds:  # the curve's finetunes, after the table's

@@ -80,6 +80,13 @@ def test_the_default_finetune_override_reaches_train_py_as_a_mapping():
     assert key == "--train_loader" and yaml.safe_load(value) == {"speed_perturb": None}
 
 
+def test_subsets_are_drawn_from_the_first_seed_on():
+    """--seeds N draws seeds 1234, 1235, ...; --first-seed moves the start, so one later subset can be
+    trained alone into the folder (seed1235/...) the full run would use."""
+    assert pretrain_gain.subset_seeds(parse_args(["--seeds", "3"])) == [1234, 1235, 1236]
+    assert pretrain_gain.subset_seeds(parse_args(["--seeds", "1", "--first-seed", "1235"])) == [1235]
+
+
 def test_scratch_at_equal_minutes_is_charged_what_joint_lm_spent(monkeypatch, tmp_path):
     """scratch_equal_minutes finetunes for every minute the joint arm spent before its LM (pretraining and
     both parts candidates) less scratch's own start-up and dev pass, so with the LM both arms are
